@@ -1,0 +1,19 @@
+"""Propose -> verify -> accept: the drafters, the verifiers and the engine."""
+
+from dspark.decoding.drafters import Drafter, DSparkDrafter, NgramDrafter, Proposal
+from dspark.decoding.engine import GenerationResult, SpeculativeEngine
+from dspark.decoding.sampling import SamplingParams
+from dspark.decoding.verify import Verdict, verify_greedy, verify_sampling
+
+__all__ = [
+    "DSparkDrafter",
+    "Drafter",
+    "GenerationResult",
+    "NgramDrafter",
+    "Proposal",
+    "SamplingParams",
+    "SpeculativeEngine",
+    "Verdict",
+    "verify_greedy",
+    "verify_sampling",
+]

@@ -1,0 +1,203 @@
+"""The drafter interface the engine speaks, and the drafters that implement it.
+
+A drafter keeps its own view of the verified context. The engine calls
+``begin(prompt)`` once, then per step ``propose(anchor, k)`` (anchor = the last
+verified token, not yet seen by the target) and ``accept(tokens, aux)`` with the
+tokens the target verified this step (anchor first) and their target hidden states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from dspark.decoding.sampling import SamplingParams, probabilities
+from dspark.model.dspark import DSparkDraftModel
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [k] target ids
+    probs: torch.Tensor | None = None  # [k, V] exact draft distributions (sampling only)
+    confidence: torch.Tensor | None = None  # [k] per-slot acceptance predictions
+
+    @classmethod
+    def empty(cls, device: torch.device | str = "cpu") -> Proposal:
+        return cls(tokens=torch.empty(0, dtype=torch.long, device=device))
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class Drafter(Protocol):
+    name: str
+    needs_aux_hidden: bool  # the engine must capture target aux-layer states for it
+
+    @property
+    def max_draft_tokens(self) -> int: ...
+
+    def begin(self, prompt_ids: torch.Tensor, prompt_aux: torch.Tensor | None) -> None: ...
+
+    def propose(
+        self, anchor: int, k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal: ...
+
+    def accept(self, token_ids: torch.Tensor, aux: torch.Tensor | None) -> None: ...
+
+
+def point_mass(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[k] ids -> [k, V] one-hot distributions (a deterministic drafter's q)."""
+    probs = torch.zeros(tokens.shape[0], vocab_size, device=tokens.device)
+    probs[torch.arange(tokens.shape[0], device=tokens.device), tokens] = 1.0
+    return probs
+
+
+class NgramDrafter:
+    """Prompt lookup: continue the most recent earlier match of the last n tokens."""
+
+    needs_aux_hidden = False
+
+    def __init__(self, vocab_size: int, *, max_ngram: int = 3, min_ngram: int = 1, max_draft: int = 16) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.name = "ngram"
+        self.vocab_size = vocab_size
+        self.max_ngram, self.min_ngram, self._max_draft = max_ngram, min_ngram, max_draft
+        self.history: list[int] = []
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self._max_draft
+
+    def begin(self, prompt_ids: torch.Tensor, prompt_aux: torch.Tensor | None) -> None:
+        self.history = [int(t) for t in prompt_ids.tolist()]
+
+    def _lookup(self, seq: list[int], k: int) -> list[int]:
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            tail = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):
+                if seq[start : start + n] == tail:
+                    return seq[start + n : start + n + k]
+        return []
+
+    def propose(self, anchor: int, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        found = self._lookup([*self.history, int(anchor)], k) if k > 0 else []
+        tokens = torch.tensor(found, dtype=torch.long)
+        probs = None if params.greedy else point_mass(tokens, self.vocab_size)
+        return Proposal(tokens=tokens, probs=probs)
+
+    def accept(self, token_ids: torch.Tensor, aux: torch.Tensor | None) -> None:
+        self.history.extend(int(t) for t in token_ids.tolist())
+
+
+class DSparkDrafter:
+    """Block-parallel drafting with a DSpark (or DFlash) model and its own context KV cache.
+
+    The context cache holds per-layer keys/values of the projected target features of
+    verified tokens only; it grows in `accept` and is never rolled back.
+    """
+
+    needs_aux_hidden = True
+
+    def __init__(
+        self, model: DSparkDraftModel, *, target_vocab_size: int, confidence_threshold: float | None = None
+    ) -> None:
+        if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
+            raise ValueError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
+        if confidence_threshold is not None and model.confidence_head is None:
+            raise ValueError("confidence_threshold needs a drafter with a confidence head")
+        self.model = model.eval()
+        self.config = model.config
+        self.name = self.config.method
+        self.target_vocab_size = target_vocab_size
+        self.confidence_threshold = confidence_threshold
+        self._draft_to_target = model.draft_to_target
+        self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._ctx_len = 0
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.config.drafts_per_block
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.fc.weight.device
+
+    @torch.inference_mode()
+    def _extend(self, aux: torch.Tensor) -> None:
+        n = aux.shape[0]
+        positions = torch.arange(self._ctx_len, self._ctx_len + n, device=self.device)
+        ctx = self.model.project_context(aux.to(self.device).unsqueeze(0))
+        new = self.model.context_kv(ctx, positions)
+        if self._kv:
+            self._kv = [
+                (torch.cat([k0, k1], dim=2), torch.cat([v0, v1], dim=2))
+                for (k0, v0), (k1, v1) in zip(self._kv, new, strict=True)
+            ]
+        else:
+            self._kv = new
+        self._ctx_len += n
+
+    def begin(self, prompt_ids: torch.Tensor, prompt_aux: torch.Tensor | None) -> None:
+        if prompt_aux is None:
+            raise ValueError("DSparkDrafter needs the target's aux hidden states")
+        self._kv, self._ctx_len = [], 0
+        self._extend(prompt_aux)
+
+    def accept(self, token_ids: torch.Tensor, aux: torch.Tensor | None) -> None:
+        if aux is None or aux.shape[0] != token_ids.shape[0]:
+            raise ValueError("accept() needs one aux hidden row per accepted token")
+        self._extend(aux)
+
+    @torch.inference_mode()
+    def propose(self, anchor: int, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        cfg, model = self.config, self.model
+        k = min(k, cfg.drafts_per_block)
+        if k <= 0:
+            return Proposal.empty(self.device)
+        p = self._ctx_len  # the anchor's absolute position
+        block = model.block_input_ids(torch.tensor([anchor], device=self.device))
+        positions = torch.arange(p, p + cfg.block_size, device=self.device)
+        hidden = model.backbone(block, positions, self._kv)[0]  # [B, H]
+        first = 0 if cfg.sample_from_anchor else 1  # slot that yields draft 0
+        slot_hidden = hidden[first : first + k]
+        base = model.base_logits(slot_hidden)  # [k, V_d] fp32
+        tokens: list[int] = []
+        draft_rows: list[torch.Tensor] = []
+        conf: list[torch.Tensor] = []
+        survival = 1.0
+        prev = int(anchor)
+        state = None
+        for j in range(k):
+            prev_ids = torch.tensor([prev], device=self.device)
+            prev_emb = model.prev_embedding(prev_ids)
+            logits = base[j]
+            if model.markov_head is not None:
+                bias, state = model.markov_head.step(prev_emb[0], slot_hidden[j], state)
+                logits = logits + bias.float()
+            if model.confidence_head is not None:
+                c = torch.sigmoid(model.confidence_logit(slot_hidden[j], None if prev_emb is None else prev_emb[0]))
+                if self.confidence_threshold is not None:
+                    # Early stop: the rule sees only this slot and earlier ones.
+                    survival *= float(c)
+                    if survival < self.confidence_threshold:
+                        break
+                conf.append(c)
+            if params.greedy:
+                draft_id = int(torch.argmax(logits))
+            else:
+                q = probabilities(logits, params)
+                draft_id = int(torch.multinomial(q, 1, generator=generator).item())
+                draft_rows.append(q)
+            prev = int(self._draft_to_target[draft_id])
+            tokens.append(prev)
+        out = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        probs = None
+        if not params.greedy:
+            probs = torch.zeros(len(tokens), self.target_vocab_size, device=self.device)
+            if tokens:
+                probs[:, self._draft_to_target] = torch.stack(draft_rows)
+        confidence = torch.stack(conf).reshape(-1)[: len(tokens)] if conf else None
+        return Proposal(tokens=out, probs=probs, confidence=confidence)

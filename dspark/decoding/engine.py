@@ -1,0 +1,145 @@
+"""One engine for every method: propose -> verify -> accept, with the metrics of DESIGN §6.
+
+Plain decoding is the same loop with no drafter (zero drafts per step), so baseline,
+n-gram and DSpark are timed and counted by exactly the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from dspark.decoding.drafters import Drafter, Proposal
+from dspark.decoding.sampling import SamplingParams, probabilities
+from dspark.decoding.verify import verify_greedy, verify_sampling
+from dspark.target.adapter import TargetModel
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated ids (prompt excluded)
+    accept_len: float  # tokens emitted per target verification forward, bonus included
+    per_position_acceptance: list[float | None]  # P(slot k accepted | slots < k accepted)
+    tokens_per_second: float  # decode-loop tokens / decode wall time (prefill excluded)
+    target_forwards: int  # verification forwards (prefill excluded)
+    prefill_seconds: float
+    decode_seconds: float
+    prompt_tokens: int
+    position_attempts: list[int] = field(default_factory=list)
+    position_accepts: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.synchronize(device)
+
+
+class SpeculativeEngine:
+    """Speculative decoding of one sequence at a time with any `Drafter` (or none)."""
+
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None, *, num_speculative_tokens: int = 0) -> None:
+        if num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
+        if drafter is None and num_speculative_tokens:
+            raise ValueError("num_speculative_tokens > 0 needs a drafter")
+        if drafter is not None and num_speculative_tokens > drafter.max_draft_tokens:
+            raise ValueError(
+                f"num_speculative_tokens={num_speculative_tokens} exceeds what the {drafter.name} "
+                f"drafter proposes per step ({drafter.max_draft_tokens})"
+            )
+        self.target = target
+        self.drafter = drafter
+        self.k = num_speculative_tokens
+
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+        if params.greedy:
+            return int(torch.argmax(logits))
+        return int(torch.multinomial(probabilities(logits, params), 1, generator=generator).item())
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor | list[int],
+        *,
+        max_new_tokens: int = 128,
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+        stop_token_ids: set[int] | None = None,
+    ) -> GenerationResult:
+        params = params or SamplingParams()
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        target, drafter = self.target, self.drafter
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).view(-1)
+        if prompt.numel() == 0:
+            raise ValueError("the prompt is empty")
+        if int(prompt.max()) >= target.vocab_size or int(prompt.min()) < 0:
+            raise ValueError(f"prompt token ids must lie in [0, {target.vocab_size})")
+        stops = target.stop_token_ids() if stop_token_ids is None else set(stop_token_ids)
+        capture = drafter is not None and drafter.needs_aux_hidden
+        device = target.device
+
+        _sync(device)
+        t0 = time.perf_counter()
+        target.reset()
+        step = target.forward(prompt, capture=capture)
+        generated = [self._pick(step.logits[-1], params, generator)]
+        if drafter is not None:
+            drafter.begin(prompt, step.aux_hidden)
+        _sync(device)
+        t1 = time.perf_counter()
+
+        attempts = [0] * self.k
+        accepts = [0] * self.k
+        forwards = 0
+        decoded = 0
+        while len(generated) < max_new_tokens and generated[-1] not in stops:
+            anchor = generated[-1]
+            remaining = max_new_tokens - len(generated)
+            k = min(self.k, remaining - 1)
+            proposal = drafter.propose(anchor, k, params, generator) if (drafter and k > 0) else Proposal.empty()
+            drafts = proposal.tokens.to(device)
+            n = drafts.shape[0]
+            verify_ids = torch.cat([torch.tensor([anchor], device=device), drafts])
+            cached = target.cache_len
+            step = target.forward(verify_ids, capture=capture)
+            forwards += 1
+            if params.greedy:
+                verdict = verify_greedy(drafts, step.logits)
+            else:
+                draft_probs = proposal.probs if n else torch.zeros(0, step.logits.shape[1])
+                verdict = verify_sampling(
+                    drafts, draft_probs.to(device), probabilities(step.logits, params), generator
+                )
+            a = verdict.num_accepted
+            for j in range(min(n, a + 1)):
+                attempts[j] += 1
+                accepts[j] += int(j < a)
+            target.crop(cached + a + 1)
+            if drafter is not None:
+                drafter.accept(verify_ids[: a + 1], None if step.aux_hidden is None else step.aux_hidden[: a + 1])
+            for tok in verdict.tokens:
+                generated.append(tok)
+                decoded += 1
+                if tok in stops or len(generated) >= max_new_tokens:
+                    break
+        _sync(device)
+        t2 = time.perf_counter()
+        decode_s = t2 - t1
+        return GenerationResult(
+            tokens=generated,
+            accept_len=decoded / forwards if forwards else 0.0,
+            per_position_acceptance=[acc / att if att else None for acc, att in zip(accepts, attempts, strict=True)],
+            tokens_per_second=decoded / decode_s if decode_s > 0 and decoded else 0.0,
+            target_forwards=forwards,
+            prefill_seconds=t1 - t0,
+            decode_seconds=decode_s,
+            prompt_tokens=int(prompt.numel()),
+            position_attempts=attempts,
+            position_accepts=accepts,
+        )

@@ -1,0 +1,83 @@
+"""Verification of a draft against the target: the lossless core of speculative decoding.
+
+Both functions are pure: they take the draft and the target's scores for the verified
+positions and return how many drafts survive plus the tokens to emit.
+
+References: Leviathan, Kalman & Matias, "Fast Inference from Transformers via
+Speculative Decoding" (ICML 2023); Chen et al., "Accelerating Large Language Model
+Decoding with Speculative Sampling" (2023).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``tokens`` = the accepted drafts followed by one target token (correction or bonus)."""
+
+    num_accepted: int
+    tokens: list[int]
+
+
+def _check_draft(draft_tokens: torch.Tensor, rows: torch.Tensor, what: str) -> int:
+    if draft_tokens.dim() != 1:
+        raise ValueError(f"draft_tokens must be 1-D [K], got shape {tuple(draft_tokens.shape)}")
+    k = draft_tokens.shape[0]
+    if rows.dim() != 2 or rows.shape[0] != k + 1:
+        raise ValueError(f"{what} must be [K+1, V] = [{k + 1}, V], got {tuple(rows.shape)}")
+    if k and (int(draft_tokens.min()) < 0 or int(draft_tokens.max()) >= rows.shape[1]):
+        raise ValueError(f"draft token ids must lie in [0, {rows.shape[1]})")
+    return k
+
+
+def verify_greedy(
+    draft_tokens: torch.Tensor,  # [K] target ids
+    target_logits: torch.Tensor,  # [K+1, V]; row i scores the token after draft i-1 (row 0: after the anchor)
+) -> Verdict:
+    """Accept the longest prefix where draft == target argmax; then emit the target's token."""
+    k = _check_draft(draft_tokens, target_logits, "target_logits")
+    target_choice = target_logits.argmax(dim=-1).cpu()
+    drafts = draft_tokens.cpu()
+    mismatch = (drafts != target_choice[:k]).nonzero()
+    accepted = int(mismatch[0, 0]) if mismatch.numel() else k
+    return Verdict(accepted, [*drafts[:accepted].tolist(), int(target_choice[accepted])])
+
+
+def verify_sampling(
+    draft_tokens: torch.Tensor,  # [K] target ids, drawn from draft_probs
+    draft_probs: torch.Tensor,  # [K, V] the exact distributions the drafts were drawn from
+    target_probs: torch.Tensor,  # [K+1, V] the target's (processed) distributions
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Rejection sampling: accept draft x with prob min(1, p(x)/q(x)); on rejection draw
+    from norm(max(p - q, 0)); after K accepts draw the bonus token from p_K.
+    The emitted tokens follow the target distribution exactly."""
+    k = _check_draft(draft_tokens, target_probs, "target_probs")
+    if tuple(draft_probs.shape) != (k, target_probs.shape[1]):
+        raise ValueError(
+            f"draft_probs must be [K, V] = [{k}, {target_probs.shape[1]}], got {tuple(draft_probs.shape)}"
+        )
+    device = target_probs.device
+    idx = torch.arange(k, device=device)
+    drafts = draft_tokens.to(device)
+    q_x = draft_probs[idx, drafts].float()
+    if k and bool((q_x <= 0).any()):
+        raise ValueError("a draft token has zero draft probability: draft_probs is not its distribution")
+    p_x = target_probs[idx, drafts].float()
+    uniforms = torch.rand(k, generator=generator, device=device)
+    accept = uniforms < (p_x / q_x)  # min(1, .) is implicit: uniforms < 1
+    rejected = (~accept).nonzero()
+    accepted = int(rejected[0, 0]) if rejected.numel() else k
+    if accepted < k:
+        residual = torch.clamp(target_probs[accepted].float() - draft_probs[accepted].float(), min=0.0)
+        total = residual.sum()
+        # p == q (up to rounding) leaves no residual mass; then p itself is the right law.
+        dist = residual / total if total > 0 else target_probs[accepted].float()
+    else:
+        dist = target_probs[k].float()
+    last = int(torch.multinomial(dist, 1, generator=generator).item())
+    return Verdict(accepted, [*drafts[:accepted].tolist(), last])

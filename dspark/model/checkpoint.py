@@ -1,0 +1,97 @@
+"""Saving and loading drafter checkpoints: ``dspark_config.json`` + ``model.safetensors``.
+
+Writes are atomic (temporary name, then rename). Loading validates everything it reads
+and raises `CheckpointError` naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from dspark.errors import CheckpointError, ConfigError
+from dspark.model.config import DSparkConfig
+from dspark.model.dspark import DSparkDraftModel
+from dspark.model.vocab import validate_vocab_mapping
+
+WEIGHTS_NAME = "model.safetensors"
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_drafter(model: DSparkDraftModel, directory: str | Path, *, dtype: torch.dtype | None = None) -> Path:
+    """Write config and weights into ``directory`` (created if needed). Floats cast to ``dtype``."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().cpu()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        tensors[name] = t.contiguous()
+    _atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    config_text = json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n"
+    _atomic_write(out / DSparkConfig.FILE_NAME, lambda tmp: Path(tmp).write_text(config_text))
+    return out
+
+
+def load_drafter(
+    directory: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> DSparkDraftModel:
+    """Load a drafter, checking config, tensor names, shapes and the vocab mapping."""
+    src = Path(directory)
+    if not src.is_dir():
+        raise CheckpointError(f"{src}: drafter directory not found")
+    try:
+        config = DSparkConfig.load(src)
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+    weights = src / WEIGHTS_NAME
+    if not weights.is_file():
+        raise CheckpointError(f"{weights}: weights file missing")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{weights}: cannot read safetensors file (truncated or corrupt?): {exc}") from None
+    with torch.device("meta"):
+        reference = DSparkDraftModel(config)
+    expected = dict(reference.state_dict())
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{weights}: tensor names do not match the config"
+            + (f"; missing {missing[:6]}{'...' if len(missing) > 6 else ''}" if missing else "")
+            + (f"; unexpected {unexpected[:6]}{'...' if len(unexpected) > 6 else ''}" if unexpected else "")
+        )
+    for name, ref in expected.items():
+        if tuple(state[name].shape) != tuple(ref.shape):
+            raise CheckpointError(
+                f"{weights}: tensor {name} has shape {tuple(state[name].shape)}, the config implies {tuple(ref.shape)}"
+            )
+    validate_vocab_mapping(
+        state["d2t"], state["t2d"], config.draft_vocab_size, config.target_vocab_size, source=str(weights)
+    )
+    for name, t in state.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise CheckpointError(f"{weights}: tensor {name} contains NaN or Inf")
+    model = DSparkDraftModel(config)
+    model.load_state_dict(state, strict=True)
+    if dtype is not None:
+        model.to(dtype=dtype)
+    return model.to(device).eval()
