@@ -27,6 +27,7 @@ class GenerationResult:
     prefill_seconds: float
     decode_seconds: float
     prompt_tokens: int
+    drafted_tokens: int = 0  # draft tokens sent to verification
     position_attempts: list[int] = field(default_factory=list)
     position_accepts: list[int] = field(default_factory=list)
 
@@ -98,6 +99,7 @@ class SpeculativeEngine:
         accepts = [0] * self.k
         forwards = 0
         decoded = 0
+        drafted = 0
         while len(generated) < max_new_tokens and generated[-1] not in stops:
             anchor = generated[-1]
             remaining = max_new_tokens - len(generated)
@@ -105,6 +107,7 @@ class SpeculativeEngine:
             proposal = drafter.propose(anchor, k, params, generator) if (drafter and k > 0) else Proposal.empty()
             drafts = proposal.tokens.to(device)
             n = drafts.shape[0]
+            drafted += n
             verify_ids = torch.cat([torch.tensor([anchor], device=device), drafts])
             cached = target.cache_len
             step = target.forward(verify_ids, capture=capture)
@@ -140,6 +143,7 @@ class SpeculativeEngine:
             prefill_seconds=t1 - t0,
             decode_seconds=decode_s,
             prompt_tokens=int(prompt.numel()),
+            drafted_tokens=drafted,
             position_attempts=attempts,
             position_accepts=accepts,
         )

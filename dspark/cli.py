@@ -1,0 +1,230 @@
+"""The ``dspark`` command line: thin wrappers over importable functions."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dspark.errors import DSparkError
+
+app = typer.Typer(
+    name="dspark",
+    help="Train, evaluate, export and serve DSpark speculative-decoding drafters.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class Method(str, Enum):
+    auto = "auto"
+    baseline = "baseline"
+    ngram = "ngram"
+    dspark = "dspark"
+
+
+def _torch_dtype(name: DType):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name.value]
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise DSparkError(f"--device {name}: no CUDA device is available")
+    return name
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _parse_ids(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        _fail(f"{flag} expects comma-separated integers, got {text!r}")
+    return None
+
+
+@app.command("init")
+def init_cmd(
+    target: Annotated[Path, typer.Option(help="Hugging Face model directory of the target (verifier).")],
+    out: Annotated[Path, typer.Option(help="New directory for the drafter (must not exist or be empty).")],
+    layers: Annotated[int, typer.Option(help="Number of drafter decoder layers.")] = 1,
+    block_size: Annotated[int, typer.Option(help="Tokens per draft block (anchor + mask tokens).")] = 8,
+    aux_layers: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated target layer ids (id i = HF hidden_states[i]); default spread over depth."),
+    ] = None,
+    mask_token_id: Annotated[int | None, typer.Option(help="Mask token id; default: the tokenizer's mask token.")] = None,
+    markov_rank: Annotated[int, typer.Option(help="Rank of the Markov logit-bias head (0 disables it).")] = 256,
+    markov_head_type: Annotated[str, typer.Option(help="vanilla, gated or rnn.")] = "vanilla",
+    confidence_head: Annotated[bool, typer.Option(help="Attach the per-position confidence head.")] = True,
+    sample_from_anchor: Annotated[
+        bool, typer.Option(help="Slot k predicts token p+k+1 (DSpark); off: DFlash layout, B-1 drafts.")
+    ] = True,
+    seed: Annotated[int, typer.Option(help="Seed for the random initialisation.")] = 0,
+    dtype: Annotated[DType, typer.Option(help="dtype the weights are stored in.")] = DType.float32,
+) -> None:
+    """Write an untrained drafter matched to a target (sizes, vocab and mask token read from it)."""
+    try:
+        from dspark.model.checkpoint import save_drafter
+        from dspark.model.pairing import config_for_target, init_drafter
+        from dspark.target import TargetModel
+
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise DSparkError(f"{out}: exists and is not empty; refusing to overwrite it")
+        tgt = TargetModel.from_pretrained(target)
+        config = config_for_target(
+            tgt, num_layers=layers, block_size=block_size, aux_layers=_parse_ids(aux_layers, "--aux-layers"),
+            mask_token_id=mask_token_id, markov_rank=markov_rank, markov_head_type=markov_head_type,
+            enable_confidence_head=confidence_head, confidence_head_with_markov=confidence_head and markov_rank > 0,
+            sample_from_anchor=sample_from_anchor,
+        )
+        model = init_drafter(tgt, config, seed=seed)
+        save_drafter(model, out, dtype=_torch_dtype(dtype))
+    except DSparkError as exc:
+        _fail(str(exc))
+    n_params = sum(p.numel() for p in model.parameters())
+    typer.echo(
+        f"wrote untrained {config.method} drafter to {out}: {config.num_hidden_layers} layer(s), hidden "
+        f"{config.hidden_size}, block {config.block_size}, aux layers {list(config.aux_hidden_state_layer_ids)}, "
+        f"{n_params / 1e6:.2f} M parameters"
+    )
+
+
+@app.command("generate")
+def generate_cmd(
+    prompt: Annotated[str, typer.Option(help="Prompt text.")],
+    target: Annotated[Path | None, typer.Option(help="Target model directory (default: the embedded one).")] = None,
+    draft: Annotated[Path | None, typer.Option(help="Drafter directory (default: the embedded one).")] = None,
+    method: Annotated[Method, typer.Option(help="auto = dspark with --draft or the embedded drafter.")] = Method.auto,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate.")] = 128,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy; > 0 = rejection sampling.")] = 0.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus filter (1.0 = off).")] = 1.0,
+    top_k: Annotated[int, typer.Option(min=0, help="Top-k filter (0 = off).")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the sampling generator.")] = 0,
+    num_speculative_tokens: Annotated[
+        int | None, typer.Option(help="Drafts verified per step (default: min(7, drafts per block)).")
+    ] = None,
+    confidence_threshold: Annotated[
+        float | None, typer.Option(help="Stop a draft once the predicted survival prod(c_i) falls below this.")
+    ] = None,
+    check_lossless: Annotated[
+        bool, typer.Option(help="Also run plain greedy decoding and compare token by token (exit 1 on mismatch).")
+    ] = False,
+    chat: Annotated[bool, typer.Option(help="Wrap the prompt in the tokenizer's chat template, if it has one.")] = True,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "cpu",
+    dtype: Annotated[DType, typer.Option(help="Compute dtype for target and drafter.")] = DType.float32,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+) -> None:
+    """Generate text with speculative decoding and report acceptance and speed."""
+    import torch
+
+    from dspark.decoding.factory import make_drafter, make_engine
+    from dspark.decoding.sampling import SamplingParams
+    from dspark.defaults import resolve_draft, resolve_target
+    from dspark.target import TargetModel
+
+    try:
+        if top_p <= 0.0:
+            raise DSparkError("--top-p must be in (0, 1]")
+        name = method.value
+        draft_dir = None
+        if name in ("auto", "dspark"):
+            name = "dspark"
+            draft_dir = resolve_draft(draft)
+        tgt = TargetModel.from_pretrained(resolve_target(target), device=_device(device), dtype=_torch_dtype(dtype))
+        drafter = make_drafter(name, tgt, draft_dir=draft_dir, confidence_threshold=confidence_threshold)
+        engine = make_engine(tgt, drafter, num_speculative_tokens)
+        prompt_ids = _encode(tgt, prompt, chat)
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        gen = torch.Generator(device=tgt.device).manual_seed(seed)
+        result = engine.generate(prompt_ids, max_new_tokens=max_new_tokens, params=params, generator=gen)
+        lossless = None
+        if check_lossless and params.greedy:
+            plain = make_engine(tgt, None, 0).generate(prompt_ids, max_new_tokens=max_new_tokens, params=params)
+            lossless = plain.tokens == result.tokens
+    except (DSparkError, ValueError) as exc:
+        _fail(str(exc))
+    text = tgt.tokenizer.decode(result.tokens, skip_special_tokens=True) if tgt.tokenizer else None
+    report = {
+        "text": text,
+        "tokens": result.tokens,
+        "method": name,
+        "num_speculative_tokens": engine.k,
+        "accept_len": result.accept_len,
+        "per_position_acceptance": result.per_position_acceptance,
+        "tokens_per_second": result.tokens_per_second,
+        "target_forwards": result.target_forwards,
+        "prefill_seconds": result.prefill_seconds,
+        "decode_seconds": result.decode_seconds,
+        "prompt_tokens": result.prompt_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "lossless": lossless,
+    }
+    if check_lossless and not params.greedy:
+        report["lossless_note"] = (
+            "sampled output is lossless in distribution (rejection sampling); a token-by-token check "
+            "applies to greedy decoding only"
+        )
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        typer.echo(text if text is not None else result.tokens)
+        typer.echo(
+            f"\n[{name} k={engine.k}] accept_len {result.accept_len:.3f} | {result.tokens_per_second:.1f} tok/s | "
+            f"{result.target_forwards} target forwards"
+            + ("" if lossless is None else f" | lossless {lossless}"),
+            err=True,
+        )
+    if lossless is False:
+        typer.echo("error: speculative output differs from plain greedy decoding", err=True)
+        raise typer.Exit(1)
+
+
+def _encode(target, prompt: str, chat: bool):
+    tok = target.tokenizer
+    if tok is None:
+        raise DSparkError(f"{target.name}: no tokenizer found, cannot encode --prompt")
+    if chat and getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    ids = tok(prompt, add_special_tokens=True)["input_ids"]
+    if not ids:
+        raise DSparkError("the prompt encodes to zero tokens")
+    return ids
+
+
+def main() -> None:  # pragma: no cover - console entry point alias
+    try:
+        app()
+    except DSparkError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

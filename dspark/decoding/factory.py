@@ -1,0 +1,59 @@
+"""Build an engine for a named method: baseline, ngram, or a drafter checkpoint (dspark/dflash)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dspark.decoding.drafters import Drafter, DSparkDrafter, NgramDrafter
+from dspark.decoding.engine import SpeculativeEngine
+from dspark.errors import DSparkError
+from dspark.model.checkpoint import load_drafter
+from dspark.model.pairing import check_fits
+from dspark.target.adapter import TargetModel
+
+METHODS = ("baseline", "ngram", "dspark")
+
+
+def make_drafter(
+    method: str,
+    target: TargetModel,
+    *,
+    draft_dir: str | Path | None = None,
+    confidence_threshold: float | None = None,
+    dtype: torch.dtype | None = None,
+) -> Drafter | None:
+    if method == "baseline":
+        return None
+    if method == "ngram":
+        return NgramDrafter(target.vocab_size)
+    if method in ("dspark", "dflash"):
+        if draft_dir is None:
+            raise DSparkError(f"method {method!r} needs a drafter directory (--draft)")
+        model = load_drafter(draft_dir, device=target.device, dtype=dtype or target.dtype)
+        check_fits(model.config, target)
+        target.set_aux_layers(model.config.aux_hidden_state_layer_ids)
+        try:
+            return DSparkDrafter(model, target_vocab_size=target.vocab_size, confidence_threshold=confidence_threshold)
+        except ValueError as exc:
+            raise DSparkError(f"{draft_dir}: {exc}") from None
+    raise DSparkError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+
+def make_engine(target: TargetModel, drafter: Drafter | None, num_speculative_tokens: int | None) -> SpeculativeEngine:
+    """``num_speculative_tokens=None`` means as many as the drafter offers (0 for baseline)."""
+    if drafter is None:
+        k = 0
+    elif num_speculative_tokens is None:
+        k = min(drafter.max_draft_tokens, 7)
+    else:
+        k = num_speculative_tokens
+    if drafter is not None and k > drafter.max_draft_tokens:
+        raise DSparkError(
+            f"--num-speculative-tokens {k} is larger than the {drafter.name} drafter allows "
+            f"({drafter.max_draft_tokens} drafts per block)"
+        )
+    if k < 0:
+        raise DSparkError(f"--num-speculative-tokens must be >= 0, got {k}")
+    return SpeculativeEngine(target, drafter, num_speculative_tokens=k)
