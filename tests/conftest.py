@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import build_tiny_target
 
 from dspark.target import TargetModel
-from tiny_models import build_tiny_target
 
 ARCHS = ["llama", "qwen3", "deepseek_v3"]
 

@@ -8,9 +8,18 @@ from dspark.errors import ConfigError
 from dspark.model.config import DSparkConfig
 
 BASE = dict(
-    num_hidden_layers=1, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-    intermediate_size=128, draft_vocab_size=300, target_vocab_size=320, target_hidden_size=64,
-    aux_hidden_state_layer_ids=[1, 2, 3], num_target_layers=4, mask_token_id=2,
+    num_hidden_layers=1,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    draft_vocab_size=300,
+    target_vocab_size=320,
+    target_hidden_size=64,
+    aux_hidden_state_layer_ids=[1, 2, 3],
+    num_target_layers=4,
+    mask_token_id=2,
 )
 
 

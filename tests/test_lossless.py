@@ -1,9 +1,9 @@
 """Speculative greedy == target greedy, token for token, for every drafter and target."""
 
 import pytest
+from helpers import ModelDrafter, untrained_drafter
 
 from dspark.decoding import DSparkDrafter, NgramDrafter, SamplingParams, SpeculativeEngine
-from helpers import ModelDrafter, untrained_drafter
 
 PROMPT = "def add(a, b):\n    return"
 MAX_NEW = 40

@@ -10,10 +10,10 @@ accept and the reject paths run. Tolerance: total variation < 0.06 over 3000 run
 import itertools
 
 import torch
+from helpers import ModelDrafter
 
 from dspark.decoding import SamplingParams, SpeculativeEngine
 from dspark.decoding.sampling import probabilities
-from helpers import ModelDrafter
 
 PARAMS = SamplingParams(temperature=1.0, top_k=3)
 

@@ -62,5 +62,5 @@ def test_missing_target_directory_is_a_clear_error(tmp_path):
 
     with pytest.raises(TargetError, match="not found"):
         TargetModel.from_pretrained(tmp_path / "nope")
-    with pytest.raises(TargetError, match="no config.json"):
+    with pytest.raises(TargetError, match=r"no config\.json"):
         TargetModel.from_pretrained(tmp_path)

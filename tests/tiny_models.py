@@ -40,9 +40,16 @@ def tiny_config(arch: str, vocab_size: int):
     from transformers import DeepseekV3Config, LlamaConfig, Qwen3Config
 
     common = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        max_position_embeddings=512, initializer_range=0.1, tie_word_embeddings=False,
-        pad_token_id=0, eos_token_id=1, bos_token_id=None,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
     )
     if arch == "llama":
         return LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **common)
@@ -50,10 +57,20 @@ def tiny_config(arch: str, vocab_size: int):
         return Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=16, **common)
     if arch == "deepseek_v3":
         return DeepseekV3Config(
-            num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16,
-            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
-            num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
-            n_group=1, topk_group=1, **common,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            **common,
         )
     raise ValueError(arch)
 

@@ -116,9 +116,7 @@ class SpeculativeEngine:
                 verdict = verify_greedy(drafts, step.logits)
             else:
                 draft_probs = proposal.probs if n else torch.zeros(0, step.logits.shape[1])
-                verdict = verify_sampling(
-                    drafts, draft_probs.to(device), probabilities(step.logits, params), generator
-                )
+                verdict = verify_sampling(drafts, draft_probs.to(device), probabilities(step.logits, params), generator)
             a = verdict.num_accepted
             for j in range(min(n, a + 1)):
                 attempts[j] += 1

@@ -58,9 +58,7 @@ def verify_sampling(
     The emitted tokens follow the target distribution exactly."""
     k = _check_draft(draft_tokens, target_probs, "target_probs")
     if tuple(draft_probs.shape) != (k, target_probs.shape[1]):
-        raise ValueError(
-            f"draft_probs must be [K, V] = [{k}, {target_probs.shape[1]}], got {tuple(draft_probs.shape)}"
-        )
+        raise ValueError(f"draft_probs must be [K, V] = [{k}, {target_probs.shape[1]}], got {tuple(draft_probs.shape)}")
     device = target_probs.device
     idx = torch.arange(k, device=device)
     drafts = draft_tokens.to(device)

@@ -68,17 +68,24 @@ class DSparkConfig:
     FILE_NAME: ClassVar[str] = "dspark_config.json"
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "aux_hidden_state_layer_ids", tuple(int(i) for i in self.aux_hidden_state_layer_ids)
-        )
+        object.__setattr__(self, "aux_hidden_state_layer_ids", tuple(int(i) for i in self.aux_hidden_state_layer_ids))
         self._validate()
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
         positive = (
-            "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-            "head_dim", "intermediate_size", "draft_vocab_size", "target_vocab_size",
-            "target_hidden_size", "num_target_layers", "block_size", "max_position_embeddings",
+            "num_hidden_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "draft_vocab_size",
+            "target_vocab_size",
+            "target_hidden_size",
+            "num_target_layers",
+            "block_size",
+            "max_position_embeddings",
         )
         for name in positive:
             value = getattr(self, name)
@@ -128,8 +135,7 @@ class DSparkConfig:
             raise ConfigError(f"DSparkConfig.markov_rank must be >= 0, got {self.markov_rank}")
         if self.markov_head_type not in MARKOV_HEAD_TYPES:
             raise ConfigError(
-                f"DSparkConfig.markov_head_type must be one of {MARKOV_HEAD_TYPES}, "
-                f"got {self.markov_head_type!r}"
+                f"DSparkConfig.markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {self.markov_head_type!r}"
             )
         if self.enable_confidence_head and self.confidence_head_with_markov and self.markov_rank == 0:
             raise ConfigError(
@@ -170,7 +176,8 @@ class DSparkConfig:
         if unknown:
             raise ConfigError(f"{source}: unknown DSparkConfig field(s) {unknown}")
         required = {
-            f.name for f in dataclasses.fields(cls)
+            f.name
+            for f in dataclasses.fields(cls)
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         }
         missing = sorted(required - set(data))

@@ -38,13 +38,9 @@ class RMSNorm(nn.Module):
         return (self.weight.float() * x32).to(dtype)
 
 
-def rotary_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 RoPE tables for absolute ``positions`` [N] -> cos, sin [N, head_dim]."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    )
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
@@ -169,9 +165,7 @@ class MarkovHead(nn.Module):
             return self.markov_w2(gate * prev_emb), None
         if state is None:
             state = torch.zeros_like(prev_emb)
-        gate_raw, cand_raw, out_raw = self.joint_proj(
-            torch.cat([state, prev_emb, hidden], dim=-1)
-        ).chunk(3, dim=-1)
+        gate_raw, cand_raw, out_raw = self.joint_proj(torch.cat([state, prev_emb, hidden], dim=-1)).chunk(3, dim=-1)
         gate = torch.sigmoid(gate_raw)
         state = gate * state + (1.0 - gate) * torch.tanh(cand_raw)
         return self.markov_w2(torch.tanh(out_raw)), state
@@ -258,9 +252,7 @@ class DSparkDraftModel(nn.Module):
         """Target features [..., T, m·H_t] -> drafter context [..., T, H] (fc + hidden_norm)."""
         return self.hidden_norm(self.fc(aux_hidden.to(self.fc.weight.dtype)))
 
-    def context_kv(
-        self, ctx: torch.Tensor, positions: torch.Tensor
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-layer context keys/values for projected context ``ctx`` [b, T, H]."""
         return [layer.self_attn.context_kv(ctx, positions) for layer in self.layers]
 

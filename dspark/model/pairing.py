@@ -118,4 +118,3 @@ def check_fits(config: DSparkConfig, target: TargetModel) -> None:
         problems.append(f"mask_token_id {config.mask_token_id} outside the target vocab")
     if problems:
         raise IncompatibleDraftError(f"drafter does not fit target {target.name}: " + "; ".join(problems))
-

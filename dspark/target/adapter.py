@@ -66,9 +66,15 @@ class TargetModel:
     def from_pretrained(
         cls, path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> TargetModel:
+        """Load a Hugging Face model directory, or a ``.gguf`` file (dequantised)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         src = Path(path)
+        if src.is_file() and src.suffix == ".gguf":
+            from dspark.target.gguf import load_gguf
+
+            model, tokenizer = load_gguf(src, dtype=dtype)
+            return cls(model.to(device), tokenizer, name=str(src))
         if not src.is_dir():
             raise TargetError(f"{src}: target directory not found")
         if not (src / "config.json").is_file():
@@ -149,6 +155,7 @@ class TargetModel:
                 if self._capture:
                     out = output[0] if isinstance(output, tuple) else output
                     self._captured[layer_id] = out
+
             return hook
 
         for i in ids:

@@ -1,0 +1,161 @@
+"""`dspark init` + `dspark generate` end to end on a tiny random Qwen3, and clean errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tiny_target_dirs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "draft"
+    result = runner.invoke(app, ["init", "--target", str(tiny_target_dirs["qwen3"]), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "untrained dspark drafter" in result.output
+    return out
+
+
+def generate(target, draft, *extra):
+    return runner.invoke(
+        app,
+        [
+            "generate",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--prompt",
+            "def add(a, b):",
+            "--max-new-tokens",
+            "24",
+            "--json",
+            *extra,
+        ],
+    )
+
+
+def last_json(stdout):
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_generate_greedy_is_lossless(tiny_target_dirs, drafter_dir):
+    result = generate(tiny_target_dirs["qwen3"], drafter_dir, "--check-lossless")
+    assert result.exit_code == 0, result.output
+    report = last_json(result.stdout)
+    assert report["lossless"] is True
+    for key in ("text", "tokens", "accept_len", "per_position_acceptance", "tokens_per_second", "target_forwards"):
+        assert key in report
+    assert len(report["tokens"]) == 24
+    assert report["accept_len"] >= 1.0
+
+
+def test_generate_sampling_runs(tiny_target_dirs, drafter_dir):
+    result = generate(tiny_target_dirs["qwen3"], drafter_dir, "--temperature", "0.8", "--seed", "3", "--check-lossless")
+    assert result.exit_code == 0, result.output
+    report = last_json(result.stdout)
+    assert report["lossless"] is None
+    assert len(report["tokens"]) >= 1
+    again = last_json(generate(tiny_target_dirs["qwen3"], drafter_dir, "--temperature", "0.8", "--seed", "3").stdout)
+    assert again["tokens"] == report["tokens"]  # seeded
+
+
+def test_ngram_and_baseline_methods(tiny_target_dirs):
+    for method in ("ngram", "baseline"):
+        result = runner.invoke(
+            app,
+            [
+                "generate",
+                "--target",
+                str(tiny_target_dirs["qwen3"]),
+                "--method",
+                method,
+                "--prompt",
+                "for i in",
+                "--max-new-tokens",
+                "16",
+                "--check-lossless",
+                "--json",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        assert last_json(result.stdout)["lossless"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--num-speculative-tokens", "9"], "larger than"),
+        (["--confidence-threshold", "1.5"], "confidence_threshold"),
+    ],
+)
+def test_bad_generate_flags(tiny_target_dirs, drafter_dir, args, message):
+    result = generate(tiny_target_dirs["qwen3"], drafter_dir, *args)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_drafter_for_another_target_is_refused(tiny_target_dirs, drafter_dir, tmp_path):
+    from tiny_models import build_tiny_target
+
+    from dspark.target import TargetModel
+
+    wider = tmp_path / "wider"
+    build_tiny_target(wider, "qwen3")
+    # Same tokenizer, different hidden size: the drafter must be refused by name.
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(wider)
+    cfg.hidden_size, cfg.intermediate_size = 96, 192
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(wider)
+    assert TargetModel.from_pretrained(wider).hidden_size == 96
+    result = generate(wider, drafter_dir)
+    assert result.exit_code == 2
+    assert "does not fit" in result.output and "hidden size" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_init_errors(tiny_target_dirs, drafter_dir, tmp_path):
+    cases = [
+        (["--out", str(drafter_dir)], "refusing to overwrite"),
+        (["--out", str(tmp_path / "a"), "--aux-layers", "1,9"], "outside [0, 4]"),
+        (["--out", str(tmp_path / "b"), "--aux-layers", "x"], "comma-separated"),
+        (["--out", str(tmp_path / "c"), "--block-size", "1", "--no-sample-from-anchor"], "no draft slot"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, ["init", "--target", str(tiny_target_dirs["qwen3"]), *args])
+        assert result.exit_code == 2, result.output
+        assert message in result.output
+        assert "Traceback" not in result.output
+
+
+def test_corrupt_drafter_is_a_clean_error(tiny_target_dirs, drafter_dir, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "dspark_config.json").write_text((drafter_dir / "dspark_config.json").read_text())
+    (broken / "model.safetensors").write_bytes((drafter_dir / "model.safetensors").read_bytes()[:1000])
+    result = generate(tiny_target_dirs["qwen3"], broken)
+    assert result.exit_code == 2
+    assert "truncated or corrupt" in result.output
+
+
+def test_console_script_reports_missing_target_without_traceback(tmp_path):
+    env = {**os.environ, "DSPARK_CACHE": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dspark.cli", "generate", "--method", "baseline", "--prompt", "hi"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "embedded default target" in proc.stderr
+    assert "Traceback" not in proc.stderr
