@@ -1,11 +1,11 @@
 """Training layout: anchors, the block attention mask (vs a slow loop), and train/inference parity."""
 
 import torch
+from helpers import untrained_drafter
 
 from dspark.training.blocks import block_attention_mask, block_targets, sample_anchors
 from dspark.training.forward import block_forward
 from dspark.training.losses import LossWeights, dspark_loss
-from helpers import untrained_drafter
 
 
 def slow_mask(anchors, doc, block):
