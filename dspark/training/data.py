@@ -1,0 +1,189 @@
+"""Training examples and the hidden-state sources that turn them into target features.
+
+An example is a tokenized conversation: ``input_ids`` and a ``loss_mask`` that is True on
+assistant tokens. A source yields, in a fixed order from any start index, the example
+plus the target's aux-layer hidden states and its final normed hidden state (which the
+drafter's frozen lm_head turns into the target's logits over the draft vocab).
+
+Sources: `InProcessSource` runs the target in the trainer's process; `OnlineSource` runs
+it in a worker process that streams features into a bounded queue.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import queue
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dspark.errors import DSparkError
+
+
+@dataclass
+class Example:
+    input_ids: torch.Tensor  # [T] long
+    loss_mask: torch.Tensor  # [T] bool
+
+
+@dataclass
+class FeatureBatch:
+    index: int  # position in the example order
+    input_ids: torch.Tensor  # [T]
+    loss_mask: torch.Tensor  # [T] bool
+    document_ids: torch.Tensor  # [T]
+    aux_hidden: torch.Tensor  # [T, m·H]
+    last_hidden: torch.Tensor  # [T, H] final normed target state
+
+
+def load_examples(path: str | Path, *, max_len: int | None = None) -> list[Example]:
+    """Read JSONL rows ``{"input_ids": [...], "loss_mask": [...]}`` (clear error per bad line)."""
+    src = Path(path)
+    if not src.is_file():
+        raise DSparkError(f"{src}: training data file not found")
+    out = []
+    with src.open() as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                ids, mask = row["input_ids"], row["loss_mask"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise DSparkError(f"{src}:{n}: expected JSON with input_ids and loss_mask ({exc})") from None
+            if len(ids) != len(mask):
+                raise DSparkError(f"{src}:{n}: input_ids and loss_mask differ in length")
+            if len(ids) < 2:
+                raise DSparkError(f"{src}:{n}: an example needs at least 2 tokens, got {len(ids)}")
+            if max_len:
+                ids, mask = ids[:max_len], mask[:max_len]
+            out.append(Example(torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)))
+    if not out:
+        raise DSparkError(f"{src}: no training examples")
+    return out
+
+
+def example_order(num_examples: int, seed: int, start: int, count: int) -> list[int]:
+    """Example indices for micro-steps ``start .. start+count-1``: a fresh permutation per epoch."""
+    order = []
+    for step in range(start, start + count):
+        epoch, pos = divmod(step, num_examples)
+        perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        order.append(int(perm[pos]))
+    return order
+
+
+def extract_features(target, example: Example, aux_ids: tuple[int, ...], index: int) -> FeatureBatch:
+    """One target forward over the whole example, capturing aux layers and the final state."""
+    last_id = target.num_layers
+    ids = tuple(aux_ids) + ((last_id,) if last_id not in aux_ids else ())
+    if target.aux_layer_ids != ids:
+        target.set_aux_layers(ids)
+    target.reset()
+    step = target.forward(example.input_ids, capture=True)
+    h = target.hidden_size
+    feats = step.aux_hidden.float()
+    last = feats[:, ids.index(last_id) * h : (ids.index(last_id) + 1) * h]
+    aux = feats[:, : len(aux_ids) * h]
+    target.cache = None
+    return FeatureBatch(
+        index=index,
+        input_ids=example.input_ids,
+        loss_mask=example.loss_mask,
+        document_ids=torch.zeros_like(example.input_ids),
+        aux_hidden=aux.clone(),
+        last_hidden=last.clone(),
+    )
+
+
+def _to_wire(batch: FeatureBatch) -> dict:
+    """Plain numpy payload: pickled by value, so it outlives the worker process."""
+    return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
+
+
+def _from_wire(payload: dict) -> FeatureBatch:
+    return FeatureBatch(**{k: (v if isinstance(v, int) else torch.from_numpy(v)) for k, v in payload.items()})
+
+
+class InProcessSource:
+    """Target features computed in the trainer's own process."""
+
+    def __init__(self, target, examples: list[Example], aux_ids: tuple[int, ...], seed: int) -> None:
+        self.target, self.examples, self.aux_ids, self.seed = target, examples, tuple(aux_ids), seed
+        self.wait_seconds = 0.0
+
+    def batches(self, start: int, count: int) -> Iterator[FeatureBatch]:
+        for i, idx in enumerate(example_order(len(self.examples), self.seed, start, count)):
+            t0 = time.perf_counter()
+            batch = extract_features(self.target, self.examples[idx], self.aux_ids, start + i)
+            self.wait_seconds += time.perf_counter() - t0
+            yield batch
+
+    def close(self) -> None:
+        pass
+
+
+def _worker(target_dir: str, data_path: str, max_len: int, aux_ids, seed: int, start: int, count: int, q, stop):
+    from dspark.target import TargetModel
+
+    torch.set_num_threads(1)
+    try:
+        target = TargetModel.from_pretrained(target_dir)
+        examples = load_examples(data_path, max_len=max_len)
+        for i, idx in enumerate(example_order(len(examples), seed, start, count)):
+            if stop.is_set():
+                return
+            batch = extract_features(target, examples[idx], aux_ids, start + i)
+            while not stop.is_set():
+                try:
+                    q.put(_to_wire(batch), timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+        q.put(None)
+    except Exception as exc:  # noqa: BLE001 - forwarded to the trainer, which raises it
+        q.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class OnlineSource:
+    """A target worker in its own process streams features into a bounded queue."""
+
+    def __init__(
+        self, target_dir: str | Path, data_path: str | Path, aux_ids, *, seed: int, max_len: int, queue_size: int = 4
+    ) -> None:
+        self.args = (str(target_dir), str(data_path), max_len, tuple(aux_ids), seed)
+        self.queue_size = queue_size
+        self.wait_seconds = 0.0
+        self._proc = None
+        self._stop = None
+
+    def batches(self, start: int, count: int) -> Iterator[FeatureBatch]:
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue(maxsize=self.queue_size)
+        self._stop = ctx.Event()
+        self._proc = ctx.Process(target=_worker, args=(*self.args, start, count, q, self._stop), daemon=True)
+        self._proc.start()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = q.get()
+                self.wait_seconds += time.perf_counter() - t0
+                if item is None:
+                    return
+                if isinstance(item, tuple):
+                    raise DSparkError(f"target worker failed: {item[1]}")
+                yield _from_wire(item)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._stop.set()
+            self._proc.join(timeout=10)
+            if self._proc.is_alive():
+                self._proc.terminate()
+            self._proc = None

@@ -1,0 +1,113 @@
+"""Training on a tiny target: it learns, resumes exactly, and refuses damaged checkpoints."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from helpers import untrained_drafter
+
+from dspark.decoding import DSparkDrafter, SpeculativeEngine
+from dspark.errors import CheckpointError
+from dspark.training.data import InProcessSource, OnlineSource, load_examples
+from dspark.training.datagen import self_distill
+from dspark.training.evaluate import simulated_accept_len
+from dspark.training.trainer import TrainConfig, Trainer, lr_factor
+
+WORDS = ["def", "add", "the", "answer", "for", "in", "range", "print", "return", "sold", "clips", "friends", "April", "May", "half", "speculative", "decoding", "drafts", "tokens", "target", "verifies", "pass"]
+
+
+@pytest.fixture(scope="module")
+def data(tiny_targets, tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    prompts = [" ".join(WORDS[i : i + 3]) for i in range(20)]
+    assert self_distill(tiny_targets["qwen3"], prompts, path, max_new_tokens=48, progress=False) == 20
+    assert self_distill(tiny_targets["qwen3"], prompts, path, max_new_tokens=48, progress=False) == 0  # resumes
+    return path
+
+
+def real_accept_len(target, model):
+    target.set_aux_layers(model.config.aux_hidden_state_layer_ids)
+    drafter = DSparkDrafter(model, target_vocab_size=target.vocab_size)
+    prompt = target.tokenizer("the answer for")["input_ids"]
+    return SpeculativeEngine(target, drafter, num_speculative_tokens=7).generate(
+        prompt, max_new_tokens=48, stop_token_ids=set()
+    )
+
+
+CFG = dict(lr=5e-3, warmup=10, max_anchors=32, seq_len=256, checkpoint_every=10)
+
+
+def test_online_training_raises_simulated_and_real_acceptance(tiny_targets, tiny_target_dirs, data, tmp_path):
+    target = tiny_targets["qwen3"]
+    examples = load_examples(data)
+    model = untrained_drafter(target, markov_rank=32)
+    sim_before = simulated_accept_len(model, target, examples[:8])["sim_accept_len"]
+    real_before = real_accept_len(target, model)
+    source = OnlineSource(tiny_target_dirs["qwen3"], data, model.config.aux_hidden_state_layer_ids, seed=0, max_len=256)
+    Trainer(model, source, TrainConfig(steps=300, **CFG), tmp_path, progress=False).train()
+    sim_after = simulated_accept_len(model, target, examples[:8])["sim_accept_len"]
+    real_after = real_accept_len(target, model)
+    assert sim_after > sim_before + 0.3, (sim_before, sim_after)
+    assert real_after.accept_len > real_before.accept_len + 0.2, (real_before.accept_len, real_after.accept_len)
+    assert (tmp_path / "final" / "model.safetensors").is_file()
+    plain = SpeculativeEngine(target).generate(
+        target.tokenizer("the answer for")["input_ids"], max_new_tokens=48, stop_token_ids=set()
+    )
+    assert real_after.tokens == plain.tokens  # a trained drafter is still lossless
+
+
+def losses(run_dir):
+    by_step = {}
+    for line in (run_dir / "train_log.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        by_step[row["step"]] = row["loss"]
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def test_resume_after_a_kill_reproduces_the_loss_curve(tiny_targets, data, tmp_path):
+    target = tiny_targets["qwen3"]
+    examples = load_examples(data)
+
+    def trainer(out):
+        torch.manual_seed(0)
+        model = untrained_drafter(target, markov_rank=32)
+        source = InProcessSource(target, examples, model.config.aux_hidden_state_layer_ids, seed=0)
+        return Trainer(model, source, TrainConfig(steps=30, **CFG), out, progress=False)
+
+    trainer(tmp_path / "full").train()
+    trainer(tmp_path / "killed").train(stop_after=17)  # "killed" at step 17; last checkpoint at 10
+    assert (tmp_path / "killed" / "checkpoints" / "step_0000010").is_dir()
+    resumed = trainer(tmp_path / "killed")
+    resumed.train()
+    assert resumed.step == 30
+    full, again = losses(tmp_path / "full"), losses(tmp_path / "killed")
+    assert len(full) == len(again) == 30
+    torch.testing.assert_close(torch.tensor(again), torch.tensor(full), rtol=1e-5, atol=1e-6)
+
+
+def test_corrupt_or_partial_checkpoint_is_refused(tiny_targets, data, tmp_path):
+    target = tiny_targets["qwen3"]
+    examples = load_examples(data)
+    model = untrained_drafter(target, markov_rank=32)
+    source = InProcessSource(target, examples, model.config.aux_hidden_state_layer_ids, seed=0)
+    tr = Trainer(model, source, TrainConfig(steps=10, **CFG), tmp_path, progress=False)
+    tr.train()
+    ckpt = tr.latest_checkpoint()
+    state = ckpt / "state.pt"
+    state.write_bytes(state.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        tr.train()
+    (ckpt / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="partial checkpoint"):
+        tr.load_checkpoint(ckpt)
+    shutil.rmtree(ckpt)
+
+
+def test_schedule_warms_up_then_decays():
+    cfg = TrainConfig(steps=100, warmup=10, min_lr_ratio=0.1)
+    assert lr_factor(0, cfg) == pytest.approx(0.1)
+    assert lr_factor(9, cfg) == pytest.approx(1.0)
+    assert lr_factor(10, cfg) == pytest.approx(1.0)
+    assert lr_factor(100, cfg) == pytest.approx(0.1)
+    assert lr_factor(55, cfg) == pytest.approx(0.55)
