@@ -14,7 +14,30 @@ from dspark.training.datagen import self_distill
 from dspark.training.evaluate import simulated_accept_len
 from dspark.training.trainer import TrainConfig, Trainer, lr_factor
 
-WORDS = ["def", "add", "the", "answer", "for", "in", "range", "print", "return", "sold", "clips", "friends", "April", "May", "half", "speculative", "decoding", "drafts", "tokens", "target", "verifies", "pass"]
+WORDS = [
+    "def",
+    "add",
+    "the",
+    "answer",
+    "for",
+    "in",
+    "range",
+    "print",
+    "return",
+    "sold",
+    "clips",
+    "friends",
+    "April",
+    "May",
+    "half",
+    "speculative",
+    "decoding",
+    "drafts",
+    "tokens",
+    "target",
+    "verifies",
+    "pass",
+]
 
 
 @pytest.fixture(scope="module")
