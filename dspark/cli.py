@@ -224,6 +224,117 @@ def generate_cmd(
         raise typer.Exit(1)
 
 
+@app.command("datagen")
+def datagen_cmd(
+    prompts: Annotated[Path, typer.Option(help="JSONL prompts (messages, prompt, question, problem or turns field).")],
+    out: Annotated[Path, typer.Option(help="JSONL output; existing rows are kept and skipped (resume).")],
+    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    field: Annotated[str | None, typer.Option(help="Prompt field to read (default: auto-detect).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Use only the first N prompts.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap.")] = 256,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy responses.")] = 0.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus filter when sampling.")] = 1.0,
+    batch_size: Annotated[int, typer.Option(min=1, help="Prompts generated together.")] = 8,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+) -> None:
+    """Regenerate responses with the target itself (self-distillation), tokenized with a loss mask."""
+    from dspark.defaults import resolve_target
+    from dspark.target import TargetModel
+    from dspark.training.datagen import read_prompts, self_distill
+
+    try:
+        rows = read_prompts(prompts, field)[:limit]
+        tgt = TargetModel.from_pretrained(resolve_target(target))
+        n = self_distill(
+            tgt,
+            rows,
+            out,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            batch_size=batch_size,
+            seed=seed,
+        )
+    except DSparkError as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {n} new rows to {out} ({len(rows)} prompts in all)")
+
+
+@app.command("vocab")
+def vocab_cmd(
+    data: Annotated[Path, typer.Option(help="Training JSONL from `dspark datagen`.")],
+    size: Annotated[int, typer.Option(min=1, help="Draft vocab size.")],
+    out: Annotated[Path, typer.Option(help="Output .safetensors with d2t (int64 offsets) and t2d (bool).")],
+    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+) -> None:
+    """Build d2t/t2d from assistant-token frequencies (ties broken by lower id)."""
+    from safetensors.torch import save_file
+
+    from dspark.defaults import resolve_target
+    from dspark.model.vocab import draft_to_target_ids, mapping_from_counts
+    from dspark.target import TargetModel
+    from dspark.training.data import assistant_token_counts, load_examples
+
+    try:
+        if out.exists():
+            raise DSparkError(f"{out}: exists; refusing to overwrite it")
+        tgt = TargetModel.from_pretrained(resolve_target(target))
+        counts = assistant_token_counts(load_examples(data), tgt.vocab_size)
+        if size > tgt.vocab_size:
+            raise DSparkError(f"--size {size} exceeds the target vocab ({tgt.vocab_size})")
+        d2t, t2d = mapping_from_counts(counts, size)
+    except DSparkError as exc:
+        _fail(str(exc))
+    save_file({"d2t": d2t, "t2d": t2d}, str(out))
+    covered = counts[draft_to_target_ids(d2t)].sum() / counts.sum().clamp_min(1)
+    typer.echo(f"wrote {out}: {size} draft ids covering {float(covered):.2%} of assistant tokens")
+
+
+@app.command("train")
+def train_cmd(
+    config: Annotated[Path, typer.Option(help="Run description (YAML); unknown keys are errors.")],
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
+) -> None:
+    """Train a drafter (resumes from the last checkpoint in the run's out directory). Use torchrun for DDP."""
+    from dspark.training.recipe import load_recipe
+    from dspark.training.run import run_training
+
+    try:
+        last = run_training(load_recipe(config), progress=not no_progress)
+    except (DSparkError, ValueError) as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps({k: last[k] for k in ("step", "loss", "sim_accept_len") if k in last}))
+
+
+@app.command("inspect")
+def inspect_cmd(
+    path: Annotated[Path | None, typer.Argument(help="Drafter directory to validate and describe.")] = None,
+    preset: Annotated[str | None, typer.Option(help="Describe a named preset instead (meta device).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    shapes: Annotated[bool, typer.Option(help="Include every tensor's shape and dtype.")] = False,
+) -> None:
+    """Tensor count, parameters and bytes of a drafter checkpoint or preset."""
+    from dspark.model.inspect import describe_checkpoint, describe_config
+    from dspark.training.presets import preset_config
+
+    try:
+        if (path is None) == (preset is None):
+            raise DSparkError("give either a drafter PATH or --preset NAME")
+        info = describe_config(preset_config(preset)) if preset else describe_checkpoint(path)
+    except DSparkError as exc:
+        _fail(str(exc))
+    if not shapes:
+        info.pop("tensor_shapes")
+    if as_json:
+        typer.echo(json.dumps(info))
+    else:
+        typer.echo(
+            f"{info['method']}: {info['tensors']} tensors, {info['parameters'] / 1e9:.3f} B parameters "
+            f"({info['trainable_parameters'] / 1e9:.3f} B trainable), {info['bytes'] / 1e9:.2f} GB "
+            f"({info['float_dtype']})"
+        )
+
+
 def _encode(target, prompt: str, chat: bool):
     tok = target.tokenizer
     if tok is None:

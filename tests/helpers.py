@@ -7,6 +7,7 @@ import torch
 from dspark.decoding.drafters import Proposal, point_mass
 from dspark.decoding.sampling import SamplingParams, probabilities
 from dspark.model.pairing import config_for_target, init_drafter
+from dspark.model.vocab import mapping_from_kept_ids
 from dspark.target import TargetModel
 
 
@@ -59,6 +60,9 @@ class ModelDrafter:
 
 def untrained_drafter(target: TargetModel, **kwargs):
     config = config_for_target(target, **kwargs)
-    model = init_drafter(target, config, seed=kwargs.get("seed", 0) if "seed" in kwargs else 0)
+    vocab = None
+    if config.uses_pruned_vocab:  # keep the first draft_vocab_size target ids
+        vocab = mapping_from_kept_ids(torch.arange(config.draft_vocab_size), target.vocab_size)
+    model = init_drafter(target, config, vocab=vocab)
     target.set_aux_layers(config.aux_hidden_state_layer_ids)
     return model

@@ -84,12 +84,27 @@ def _rope_theta(tcfg) -> float:
     return float(theta or getattr(tcfg, "rope_theta", None) or 10000.0)
 
 
-def init_drafter(target: TargetModel, config: DSparkConfig, *, seed: int = 0) -> DSparkDraftModel:
-    """An untrained drafter for ``target``: random backbone/heads, frozen target embed/lm_head."""
+def init_drafter(
+    target: TargetModel,
+    config: DSparkConfig,
+    *,
+    seed: int = 0,
+    vocab: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> DSparkDraftModel:
+    """An untrained drafter for ``target``: random backbone/heads, frozen target embed/lm_head.
+
+    ``vocab`` = (d2t, t2d) for a pruned draft vocab (required when the config prunes)."""
     check_fits(config, target)
     torch.manual_seed(seed)
     model = DSparkDraftModel(config)
-    if not config.uses_pruned_vocab:
+    if vocab is not None:
+        model.set_vocab_mapping(*vocab)
+    elif config.uses_pruned_vocab:
+        raise IncompatibleDraftError(
+            f"draft_vocab_size {config.draft_vocab_size} < target vocab {config.target_vocab_size} needs "
+            "d2t/t2d tables (build them with `dspark vocab`)"
+        )
+    else:
         model.set_vocab_mapping(*identity_mapping(config.target_vocab_size))
     model.copy_target_weights(
         target.embedding_weight().detach().float().cpu(), target.lm_head_weight().detach().float().cpu()

@@ -187,3 +187,14 @@ class OnlineSource:
             if self._proc.is_alive():
                 self._proc.terminate()
             self._proc = None
+
+
+def assistant_token_counts(examples: list[Example], vocab_size: int) -> torch.Tensor:
+    """How often each target id occurs among loss-masked (assistant) tokens."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ex in examples:
+        ids = ex.input_ids[ex.loss_mask]
+        if ids.numel() and int(ids.max()) >= vocab_size:
+            raise DSparkError(f"token id {int(ids.max())} in the data exceeds the target vocab ({vocab_size})")
+        counts += torch.bincount(ids, minlength=vocab_size)
+    return counts

@@ -1,0 +1,142 @@
+"""`dspark train --config FILE.yaml`: the run description, strictly parsed (unknown keys are errors).
+
+```yaml
+preset: kimi-k2.7-code      # optional: drafter architecture + train defaults
+target: /path/to/hf-target
+data: /path/to/train.jsonl   # rows {"input_ids", "loss_mask"} from `dspark datagen`
+out: runs/my-drafter
+source: online               # online (target in a worker process) | inprocess
+drafter:                     # init options (or `path:` to continue from a drafter directory)
+  layers: 1
+  block_size: 8
+  markov_rank: 256
+  vocab: vocab.safetensors   # from `dspark vocab` (optional: full target vocab otherwise)
+train:                       # TrainConfig fields
+  steps: 1000
+  lr: 3.0e-4
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from dspark.errors import ConfigError
+from dspark.training.trainer import TrainConfig
+
+TOP_KEYS = {"preset", "target", "data", "out", "source", "drafter", "train", "seed"}
+DRAFTER_INIT_KEYS = {
+    "path",
+    "layers",
+    "block_size",
+    "aux_layers",
+    "mask_token_id",
+    "markov_rank",
+    "markov_head_type",
+    "confidence_head",
+    "sample_from_anchor",
+    "vocab",
+}
+SOURCES = ("online", "inprocess")
+
+
+@dataclass
+class Recipe:
+    target: Path
+    data: Path
+    out: Path
+    source: str = "online"
+    preset: str | None = None
+    drafter: dict = field(default_factory=dict)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    from dspark.training.presets import preset as get_preset
+
+    src = Path(path)
+    if not src.is_file():
+        raise ConfigError(f"{src}: config file not found")
+    try:
+        raw = yaml.safe_load(src.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{src}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{src}: expected a mapping at the top level")
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"{src}: unknown key(s) {unknown}; allowed: {sorted(TOP_KEYS)}")
+    for key in ("target", "data", "out"):
+        if key not in raw:
+            raise ConfigError(f"{src}: missing required key {key!r}")
+    source = raw.get("source", "online")
+    if source not in SOURCES:
+        raise ConfigError(f"{src}: source must be one of {SOURCES}, got {source!r}")
+    drafter = raw.get("drafter") or {}
+    bad = sorted(set(drafter) - DRAFTER_INIT_KEYS)
+    if bad:
+        raise ConfigError(f"{src}: unknown drafter key(s) {bad}; allowed: {sorted(DRAFTER_INIT_KEYS)}")
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    train_raw = dict(get_preset(raw["preset"])["train"]) if raw.get("preset") else {}
+    user_train = raw.get("train") or {}
+    bad = sorted(set(user_train) - train_fields)
+    if bad:
+        raise ConfigError(f"{src}: unknown train key(s) {bad}")
+    train_raw.update(user_train)
+    if "seed" in raw:
+        train_raw["seed"] = raw["seed"]
+    try:
+        train = TrainConfig(**train_raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{src}: train: {exc}") from None
+    base = src.parent
+    return Recipe(
+        target=(base / raw["target"]).resolve() if not Path(raw["target"]).is_absolute() else Path(raw["target"]),
+        data=(base / raw["data"]).resolve() if not Path(raw["data"]).is_absolute() else Path(raw["data"]),
+        out=(base / raw["out"]).resolve() if not Path(raw["out"]).is_absolute() else Path(raw["out"]),
+        source=source,
+        preset=raw.get("preset"),
+        drafter=drafter,
+        train=train,
+    )
+
+
+def build_model(recipe: Recipe, target):
+    """The drafter a recipe starts from: an existing directory, a preset, or init options."""
+    from safetensors.torch import load_file
+
+    from dspark.model.checkpoint import load_drafter
+    from dspark.model.config import DSparkConfig
+    from dspark.model.pairing import check_fits, config_for_target, init_drafter
+    from dspark.training.presets import preset as get_preset
+
+    opts = dict(recipe.drafter)
+    if "path" in opts:
+        model = load_drafter(opts["path"])
+        check_fits(model.config, target)
+        return model
+    vocab = None
+    if "vocab" in opts:
+        tables = load_file(str(opts.pop("vocab")))
+        vocab = (tables["d2t"], tables["t2d"])
+    if recipe.preset:
+        config = DSparkConfig(**get_preset(recipe.preset)["drafter"])
+    else:
+        config = config_for_target(
+            target,
+            num_layers=opts.get("layers", 1),
+            block_size=opts.get("block_size", 8),
+            aux_layers=opts.get("aux_layers"),
+            mask_token_id=opts.get("mask_token_id"),
+            markov_rank=opts.get("markov_rank", 256),
+            markov_head_type=opts.get("markov_head_type", "vanilla"),
+            enable_confidence_head=opts.get("confidence_head", True),
+            confidence_head_with_markov=opts.get("confidence_head", True) and opts.get("markov_rank", 256) > 0,
+            sample_from_anchor=opts.get("sample_from_anchor", True),
+            draft_vocab_size=int(vocab[0].numel()) if vocab else None,
+        )
+    return init_drafter(target, config, seed=recipe.train.seed, vocab=vocab)

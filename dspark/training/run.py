@@ -1,0 +1,66 @@
+"""Entry points behind `dspark train`: single process, or DDP under torchrun (gloo on CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from dspark.errors import DSparkError
+from dspark.training.data import InProcessSource, OnlineSource, load_examples
+from dspark.training.recipe import Recipe, build_model
+from dspark.training.trainer import Trainer
+
+
+def _dist_env() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | None = None) -> dict:
+    from dspark.target import TargetModel
+
+    rank, world = _dist_env()
+    if world > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend)
+    target = TargetModel.from_pretrained(recipe.target)
+    model = build_model(recipe, target)
+    if world > 1:  # every rank starts from rank 0's weights
+        for t in model.state_dict().values():
+            torch.distributed.broadcast(t, 0)
+    aux = model.config.aux_hidden_state_layer_ids
+    if recipe.source == "online":
+        del target  # the worker process loads its own copy
+        source = OnlineSource(recipe.target, recipe.data, aux, seed=recipe.train.seed, max_len=recipe.train.seq_len)
+    else:
+        source = InProcessSource(
+            target, load_examples(recipe.data, max_len=recipe.train.seq_len), aux, seed=recipe.train.seed
+        )
+    out = Path(recipe.out)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "recipe.json").write_text(
+            json.dumps(
+                {
+                    "target": str(recipe.target),
+                    "data": str(recipe.data),
+                    "source": recipe.source,
+                    "preset": recipe.preset,
+                    "drafter": recipe.drafter,
+                    "world_size": world,
+                    "train": recipe.train.__dict__,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    trainer = Trainer(model, source, recipe.train, out, rank=rank, world_size=world, progress=progress)
+    try:
+        return trainer.train(stop_after=stop_after)
+    except StopIteration:
+        raise DSparkError("the data source ran out before the last step") from None
+    finally:
+        if world > 1:
+            torch.distributed.barrier()

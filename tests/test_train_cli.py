@@ -1,0 +1,145 @@
+"""`dspark train` from YAML, `dspark vocab`, `dspark inspect`, and 2-process DDP == 1 process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from test_training import WORDS
+from typer.testing import CliRunner
+
+from dspark.cli import app
+from dspark.training.datagen import self_distill
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def data(tiny_targets, tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli-data") / "train.jsonl"
+    self_distill(
+        tiny_targets["qwen3"], [" ".join(WORDS[i : i + 2]) for i in range(12)], path, max_new_tokens=32, progress=False
+    )
+    return path
+
+
+def write_recipe(path, target, data, out, **train):
+    recipe = {
+        "target": str(target),
+        "data": str(data),
+        "out": str(out),
+        "source": "inprocess",
+        "drafter": {"layers": 1, "markov_rank": 16},
+        "train": {
+            "steps": 6,
+            "lr": 1e-3,
+            "warmup": 2,
+            "max_anchors": 16,
+            "seq_len": 128,
+            "checkpoint_every": 3,
+            **train,
+        },
+    }
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def test_train_from_yaml_then_inspect(tiny_target_dirs, data, tmp_path):
+    cfg = write_recipe(tmp_path / "run.yaml", tiny_target_dirs["qwen3"], data, tmp_path / "run")
+    result = runner.invoke(app, ["train", "--config", str(cfg), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["step"] == 6
+    result = runner.invoke(app, ["inspect", str(tmp_path / "run" / "final"), "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert info["tensors"] == 22 and info["config"]["markov_rank"] == 16
+
+
+def test_unknown_config_keys_are_errors(tiny_target_dirs, data, tmp_path):
+    cfg = write_recipe(tmp_path / "bad.yaml", tiny_target_dirs["qwen3"], data, tmp_path / "bad", learning_rate=1.0)
+    result = runner.invoke(app, ["train", "--config", str(cfg)])
+    assert result.exit_code == 2 and "unknown train key" in result.output
+    raw = yaml.safe_load(cfg.read_text())
+    raw["train"].pop("learning_rate")
+    raw["optimiser"] = "sgd"
+    cfg.write_text(yaml.safe_dump(raw))
+    result = runner.invoke(app, ["train", "--config", str(cfg)])
+    assert result.exit_code == 2 and "unknown key" in result.output
+
+
+def test_preset_inspect_matches_the_model_card():
+    result = runner.invoke(app, ["inspect", "--preset", "kimi-k2.7-code", "--json", "--shapes"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert info["tensors"] == 44
+    assert abs(info["parameters"] - 3.15e9) < 0.01e9
+    assert abs(info["bytes"] - 6.3e9) < 0.02e9
+    shapes = info["tensor_shapes"]
+    assert shapes["embed_tokens.weight"]["shape"] == [163840, 7168]
+    assert shapes["lm_head.weight"]["shape"] == [32000, 7168]
+    assert shapes["markov_head.markov_w1.weight"]["shape"] == [163840, 256]
+    assert shapes["confidence_head.proj.weight"]["shape"] == [1, 7168 + 256]
+    assert shapes["d2t"]["dtype"] == "int64" and shapes["t2d"]["dtype"] == "bool"
+
+
+def test_vocab_command_and_pruned_training(tiny_target_dirs, data, tmp_path):
+    out = tmp_path / "vocab.safetensors"
+    result = runner.invoke(
+        app,
+        ["vocab", "--data", str(data), "--size", "64", "--out", str(out), "--target", str(tiny_target_dirs["qwen3"])],
+    )
+    assert result.exit_code == 0, result.output
+    tables = load_file(str(out))
+    assert tables["d2t"].shape == (64,) and tables["t2d"].sum() == 64
+    again = runner.invoke(
+        app,
+        ["vocab", "--data", str(data), "--size", "64", "--out", str(out), "--target", str(tiny_target_dirs["qwen3"])],
+    )
+    assert again.exit_code == 2 and "refusing to overwrite" in again.output
+    cfg = write_recipe(tmp_path / "p.yaml", tiny_target_dirs["qwen3"], data, tmp_path / "p")
+    raw = yaml.safe_load(cfg.read_text())
+    raw["drafter"]["vocab"] = str(out)
+    cfg.write_text(yaml.safe_dump(raw))
+    result = runner.invoke(app, ["train", "--config", str(cfg), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "p" / "final" / "dspark_config.json").read_text())["draft_vocab_size"] == 64
+
+
+def test_two_process_ddp_matches_one_process(tiny_target_dirs, data, tmp_path):
+    single = write_recipe(tmp_path / "one.yaml", tiny_target_dirs["qwen3"], data, tmp_path / "one", grad_accum=2)
+    double = write_recipe(tmp_path / "two.yaml", tiny_target_dirs["qwen3"], data, tmp_path / "two", grad_accum=1)
+    assert runner.invoke(app, ["train", "--config", str(single), "--no-progress"]).exit_code == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29517",
+            "-m",
+            "dspark.cli",
+            "train",
+            "--config",
+            str(double),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "two" / "final" / "model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "two" / "train_log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
