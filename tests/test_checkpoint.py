@@ -113,3 +113,16 @@ def test_hidden_size_and_layer_mismatch_are_named(tiny_targets, saved):
         check_fits(cfg.replace(hidden_size=32, target_hidden_size=32, head_dim=8), tiny_targets["llama"])
     with pytest.raises(IncompatibleDraftError, match="layer count"):
         check_fits(cfg.replace(num_target_layers=8, aux_hidden_state_layer_ids=(1, 7)), tiny_targets["llama"])
+
+
+def test_checkpoint_without_embeddings_takes_them_from_the_target(tiny_targets, saved, tmp_path):
+    model, _ = saved
+    target = tiny_targets["qwen3"]
+    save_drafter(model, tmp_path / "small", include_embeddings=False)
+    assert "embed_tokens.weight" not in load_file(str(tmp_path / "small" / WEIGHTS_NAME))
+    with pytest.raises(CheckpointError, match="pass the target"):
+        load_drafter(tmp_path / "small")
+    with pytest.raises(CheckpointError, match="embedding has shape"):
+        load_drafter(tmp_path / "small", target_embedding=torch.zeros(3, 3))
+    loaded = load_drafter(tmp_path / "small", target_embedding=target.embedding_weight())
+    assert torch.equal(block_logits(loaded), block_logits(model))

@@ -31,7 +31,9 @@ def make_drafter(
     if method in ("dspark", "dflash"):
         if draft_dir is None:
             raise DSparkError(f"method {method!r} needs a drafter directory (--draft)")
-        model = load_drafter(draft_dir, device=target.device, dtype=dtype or target.dtype)
+        model = load_drafter(
+            draft_dir, device=target.device, dtype=dtype or target.dtype, target_embedding=target.embedding_weight()
+        )
         check_fits(model.config, target)
         target.set_aux_layers(model.config.aux_hidden_state_layer_ids)
         try:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from dspark.errors import CheckpointError, ConfigError
@@ -34,26 +34,47 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
-def save_drafter(model: DSparkDraftModel, directory: str | Path, *, dtype: torch.dtype | None = None) -> Path:
-    """Write config and weights into ``directory`` (created if needed). Floats cast to ``dtype``."""
+EMBED = "embed_tokens.weight"
+
+
+def save_drafter(
+    model: DSparkDraftModel,
+    directory: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    include_embeddings: bool = True,
+) -> Path:
+    """Write config and weights into ``directory`` (created if needed). Floats cast to ``dtype``.
+
+    ``include_embeddings=False`` leaves out ``embed_tokens`` (a frozen copy of the target's
+    embedding, often the largest tensor); loading then takes it from the target."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for name, tensor in model.state_dict().items():
+        if name == EMBED and not include_embeddings:
+            continue
         t = tensor.detach().cpu()
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
         tensors[name] = t.contiguous()
-    _atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    metadata = {"format": "pt", "embed_tokens": "included" if include_embeddings else "from_target"}
+    _atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata=metadata))
     config_text = json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n"
     _atomic_write(out / DSparkConfig.FILE_NAME, lambda tmp: Path(tmp).write_text(config_text))
     return out
 
 
 def load_drafter(
-    directory: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    directory: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    target_embedding: torch.Tensor | None = None,
 ) -> DSparkDraftModel:
-    """Load a drafter, checking config, tensor names, shapes and the vocab mapping."""
+    """Load a drafter, checking config, tensor names, shapes and the vocab mapping.
+
+    A checkpoint saved without ``embed_tokens`` needs ``target_embedding`` [V, H]."""
     src = Path(directory)
     if not src.is_dir():
         raise CheckpointError(f"{src}: drafter directory not found")
@@ -66,8 +87,20 @@ def load_drafter(
         raise CheckpointError(f"{weights}: weights file missing")
     try:
         state = load_file(str(weights))
+        with safe_open(str(weights), framework="pt") as fh:
+            embed_mode = (fh.metadata() or {}).get("embed_tokens", "included")
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{weights}: cannot read safetensors file (truncated or corrupt?): {exc}") from None
+    if EMBED not in state and embed_mode == "from_target":
+        if target_embedding is None:
+            raise CheckpointError(f"{weights}: stores no embed_tokens (taken from the target); pass the target")
+        expected_shape = (config.target_vocab_size, config.hidden_size)
+        if tuple(target_embedding.shape) != expected_shape:
+            raise CheckpointError(
+                f"{weights}: the target's embedding has shape {tuple(target_embedding.shape)}, the drafter "
+                f"expects {expected_shape}"
+            )
+        state[EMBED] = target_embedding.detach().to("cpu", torch.float32)
     with torch.device("meta"):
         reference = DSparkDraftModel(config)
     expected = dict(reference.state_dict())

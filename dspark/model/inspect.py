@@ -41,7 +41,10 @@ def describe_checkpoint(path: str | Path) -> dict:
 
     from dspark.model.checkpoint import WEIGHTS_NAME, load_drafter
 
-    model = load_drafter(path)  # validates config, names, shapes, vocab mapping
+    config = DSparkConfig.load(path)
+    # Validates config, names, shapes and the vocab mapping; a checkpoint that takes its
+    # embedding from the target is checked with a placeholder of the right shape.
+    model = load_drafter(path, target_embedding=torch.zeros(config.target_vocab_size, config.hidden_size))
     info = describe_config(model.config)
     stored, total = {}, 0
     with safe_open(str(Path(path) / WEIGHTS_NAME), framework="pt") as fh:

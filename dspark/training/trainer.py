@@ -51,6 +51,7 @@ class TrainConfig:
     log_every: int = 1
     seed: int = 0
     autocast_bf16: bool = False
+    save_embeddings: bool = True  # False: the final drafter takes embed_tokens from the target
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -258,5 +259,5 @@ class Trainer:
             self.source.close()
         self.model.eval()
         if self.rank == 0 and self.step >= cfg.steps:
-            save_drafter(self.model, self.out / "final")
+            save_drafter(self.model, self.out / "final", include_embeddings=self.cfg.save_embeddings)
         return last
