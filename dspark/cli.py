@@ -290,6 +290,31 @@ def vocab_cmd(
     typer.echo(f"wrote {out}: {size} draft ids covering {float(covered):.2%} of assistant tokens")
 
 
+@app.command("cache-features")
+def cache_features_cmd(
+    data: Annotated[Path, typer.Option(help="Training JSONL from `dspark datagen`.")],
+    out: Annotated[Path, typer.Option(help="Cache directory (resumes when it already holds shards).")],
+    aux_layers: Annotated[str, typer.Option(help="Comma-separated aux layer ids of the drafter to train.")],
+    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    seq_len: Annotated[int, typer.Option(min=2, help="Truncate examples to this many tokens.")] = 2048,
+    shard_size: Annotated[int, typer.Option(min=1, help="Examples per shard.")] = 64,
+) -> None:
+    """Precompute target features (aux layers + final state) into checksummed safetensors shards."""
+    from dspark.defaults import resolve_target
+    from dspark.target import TargetModel
+    from dspark.training.data import load_examples
+    from dspark.training.feature_cache import build_feature_cache
+
+    try:
+        tgt = TargetModel.from_pretrained(resolve_target(target))
+        ids = _parse_ids(aux_layers, "--aux-layers")
+        tgt.set_aux_layers(ids)
+        build_feature_cache(tgt, load_examples(data, max_len=seq_len), ids, out, shard_size=shard_size)
+    except DSparkError as exc:
+        _fail(str(exc))
+    typer.echo(str(out))
+
+
 @app.command("train")
 def train_cmd(
     config: Annotated[Path, typer.Option(help="Run description (YAML); unknown keys are errors.")],

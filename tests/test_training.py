@@ -134,3 +134,38 @@ def test_schedule_warms_up_then_decays():
     assert lr_factor(10, cfg) == pytest.approx(1.0)
     assert lr_factor(100, cfg) == pytest.approx(0.1)
     assert lr_factor(55, cfg) == pytest.approx(0.55)
+
+
+def test_offline_cache_trains_like_the_online_source(tiny_targets, data, tmp_path):
+    from dspark.training.feature_cache import OfflineSource, build_feature_cache
+
+    target = tiny_targets["qwen3"]
+    examples = load_examples(data)
+
+    def run(source_kind, out):
+        torch.manual_seed(0)
+        model = untrained_drafter(target, markov_rank=32)
+        aux = model.config.aux_hidden_state_layer_ids
+        if source_kind == "offline":
+            build_feature_cache(
+                target, examples, aux, tmp_path / "cache", shard_size=6, dtype=torch.float32, progress=False
+            )
+            build_feature_cache(
+                target, examples, aux, tmp_path / "cache", shard_size=6, dtype=torch.float32, progress=False
+            )  # resumes: nothing to do
+            source = OfflineSource(tmp_path / "cache", aux, seed=0)
+        else:
+            source = InProcessSource(target, examples, aux, seed=0)
+        Trainer(model, source, TrainConfig(steps=8, **CFG), out, progress=False).train()
+        return losses(out)
+
+    torch.testing.assert_close(
+        torch.tensor(run("offline", tmp_path / "a")), torch.tensor(run("inproc", tmp_path / "b"))
+    )
+    shard = tmp_path / "cache" / "shard_00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-10] + b"0123456789")
+    from dspark.training.feature_cache import OfflineSource as Source
+
+    source = Source(tmp_path / "cache", untrained_drafter(target).config.aux_hidden_state_layer_ids, seed=0)
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        list(source.batches(0, 20))

@@ -5,7 +5,7 @@ preset: kimi-k2.7-code      # optional: drafter architecture + train defaults
 target: /path/to/hf-target
 data: /path/to/train.jsonl   # rows {"input_ids", "loss_mask"} from `dspark datagen`
 out: runs/my-drafter
-source: online               # online (target in a worker process) | inprocess
+source: online               # online (target in a worker process) | inprocess | offline (+ cache: DIR)
 drafter:                     # init options (or `path:` to continue from a drafter directory)
   layers: 1
   block_size: 8
@@ -28,7 +28,7 @@ import yaml
 from dspark.errors import ConfigError
 from dspark.training.trainer import TrainConfig
 
-TOP_KEYS = {"preset", "target", "data", "out", "source", "drafter", "train", "seed"}
+TOP_KEYS = {"preset", "target", "data", "out", "source", "cache", "drafter", "train", "seed"}
 DRAFTER_INIT_KEYS = {
     "path",
     "layers",
@@ -41,7 +41,7 @@ DRAFTER_INIT_KEYS = {
     "sample_from_anchor",
     "vocab",
 }
-SOURCES = ("online", "inprocess")
+SOURCES = ("online", "inprocess", "offline")
 
 
 @dataclass
@@ -50,6 +50,7 @@ class Recipe:
     data: Path
     out: Path
     source: str = "online"
+    cache: Path | None = None  # feature cache directory for source: offline
     preset: str | None = None
     drafter: dict = field(default_factory=dict)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -94,7 +95,10 @@ def load_recipe(path: str | Path) -> Recipe:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{src}: train: {exc}") from None
     base = src.parent
+    if source == "offline" and "cache" not in raw:
+        raise ConfigError(f"{src}: source: offline needs cache: DIR (built with `dspark cache-features`)")
     return Recipe(
+        cache=(base / raw["cache"]).resolve() if "cache" in raw else None,
         target=(base / raw["target"]).resolve() if not Path(raw["target"]).is_absolute() else Path(raw["target"]),
         data=(base / raw["data"]).resolve() if not Path(raw["data"]).is_absolute() else Path(raw["data"]),
         out=(base / raw["out"]).resolve() if not Path(raw["out"]).is_absolute() else Path(raw["out"]),
