@@ -92,7 +92,8 @@ class OfflineSource:
         self.manifest = json.loads(path.read_text())
         if tuple(self.manifest["aux_layer_ids"]) != tuple(aux_ids):
             raise DSparkError(
-                f"{self.dir}: cached aux layers {self.manifest['aux_layer_ids']} differ from the drafter's {list(aux_ids)}"
+                f"{self.dir}: cached aux layers {self.manifest['aux_layer_ids']} differ from the "
+                f"drafter's {list(aux_ids)}"
             )
         expected = -(-self.manifest["num_examples"] // self.manifest["shard_size"])
         if len(self.manifest["shards"]) != expected:
