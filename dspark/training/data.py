@@ -157,7 +157,8 @@ class OnlineSource:
     ) -> None:
         self.args = (str(target_dir), str(data_path), max_len, tuple(aux_ids), seed)
         self.queue_size = queue_size
-        self.wait_seconds = 0.0
+        self.wait_seconds = 0.0  # waiting for batches after the first one arrived
+        self.startup_seconds = 0.0  # worker start, target load and the first batch
         self._proc = None
         self._stop = None
 
@@ -167,11 +168,16 @@ class OnlineSource:
         self._stop = ctx.Event()
         self._proc = ctx.Process(target=_worker, args=(*self.args, start, count, q, self._stop), daemon=True)
         self._proc.start()
+        first = True
         try:
             while True:
                 t0 = time.perf_counter()
                 item = q.get()
-                self.wait_seconds += time.perf_counter() - t0
+                if first:
+                    self.startup_seconds += time.perf_counter() - t0
+                    first = False
+                else:
+                    self.wait_seconds += time.perf_counter() - t0
                 if item is None:
                     return
                 if isinstance(item, tuple):

@@ -1,0 +1,1 @@
+"""Benchmarks: commands that measure and write results with provenance (not timed tests)."""
