@@ -99,7 +99,8 @@ def run(
         "offline_cache_build_seconds": cache_seconds,
         "sources": results,
         "notes": "online: target in a worker process feeding a bounded queue (its startup, loading the target "
-        "and producing the first batch, is reported apart and left out of wall_seconds); offline: features read from the cache; inprocess: target run between steps.",
+        "and producing the first batch, is reported apart and left out of wall_seconds); offline: features "
+        "read from the cache; inprocess: target run between steps.",
     }
     write_json(out, report)
     return report
