@@ -169,3 +169,30 @@ def test_offline_cache_trains_like_the_online_source(tiny_targets, data, tmp_pat
     source = Source(tmp_path / "cache", untrained_drafter(target).config.aux_hidden_state_layer_ids, seed=0)
     with pytest.raises(CheckpointError, match="checksum mismatch"):
         list(source.batches(0, 20))
+
+
+def test_ray_source_gives_the_same_loss_curve(tiny_targets, tiny_target_dirs, data, tmp_path):
+    ray = pytest.importorskip("ray", reason="ray: install dspark[ray]")  # .ci/run installs it
+    from dspark.training.ray_source import RaySource
+
+    target = tiny_targets["qwen3"]
+    examples = load_examples(data, max_len=256)
+
+    def run(kind, out):
+        torch.manual_seed(0)
+        model = untrained_drafter(target, markov_rank=32)
+        aux = model.config.aux_hidden_state_layer_ids
+        if kind == "ray":
+            source = RaySource(
+                tiny_target_dirs["qwen3"], data, aux, seed=0, max_len=256, num_workers=2, num_cpus_per_worker=0.5
+            )
+        else:
+            source = InProcessSource(target, examples, aux, seed=0)
+        Trainer(model, source, TrainConfig(steps=6, **CFG), out, progress=False).train()
+        return losses(out)
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        torch.testing.assert_close(torch.tensor(run("ray", tmp_path / "r")), torch.tensor(run("local", tmp_path / "l")))
+    finally:
+        ray.shutdown()

@@ -28,7 +28,8 @@ import yaml
 from dspark.errors import ConfigError
 from dspark.training.trainer import TrainConfig
 
-TOP_KEYS = {"preset", "target", "data", "out", "source", "cache", "drafter", "train", "seed"}
+TOP_KEYS = {"preset", "target", "data", "out", "source", "cache", "ray", "drafter", "train", "seed"}
+RAY_KEYS = {"address", "num_workers", "num_cpus_per_worker", "in_flight"}
 DRAFTER_INIT_KEYS = {
     "path",
     "layers",
@@ -41,7 +42,7 @@ DRAFTER_INIT_KEYS = {
     "sample_from_anchor",
     "vocab",
 }
-SOURCES = ("online", "inprocess", "offline")
+SOURCES = ("online", "inprocess", "offline", "ray")
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Recipe:
     out: Path
     source: str = "online"
     cache: Path | None = None  # feature cache directory for source: offline
+    ray: dict = field(default_factory=dict)  # RaySource options for source: ray
     preset: str | None = None
     drafter: dict = field(default_factory=dict)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -97,7 +99,12 @@ def load_recipe(path: str | Path) -> Recipe:
     base = src.parent
     if source == "offline" and "cache" not in raw:
         raise ConfigError(f"{src}: source: offline needs cache: DIR (built with `dspark cache-features`)")
+    ray_opts = raw.get("ray") or {}
+    bad = sorted(set(ray_opts) - RAY_KEYS)
+    if bad:
+        raise ConfigError(f"{src}: unknown ray key(s) {bad}; allowed: {sorted(RAY_KEYS)}")
     return Recipe(
+        ray=ray_opts,
         cache=(base / raw["cache"]).resolve() if "cache" in raw else None,
         target=(base / raw["target"]).resolve() if not Path(raw["target"]).is_absolute() else Path(raw["target"]),
         data=(base / raw["data"]).resolve() if not Path(raw["data"]).is_absolute() else Path(raw["data"]),

@@ -31,7 +31,14 @@ def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | Non
         for t in model.state_dict().values():
             torch.distributed.broadcast(t, 0)
     aux = model.config.aux_hidden_state_layer_ids
-    if recipe.source == "offline":
+    if recipe.source == "ray":
+        from dspark.training.ray_source import RaySource
+
+        del target
+        source = RaySource(
+            recipe.target, recipe.data, aux, seed=recipe.train.seed, max_len=recipe.train.seq_len, **recipe.ray
+        )
+    elif recipe.source == "offline":
         from dspark.training.feature_cache import OfflineSource
 
         source = OfflineSource(recipe.cache, aux, seed=recipe.train.seed)
