@@ -360,6 +360,82 @@ def inspect_cmd(
         )
 
 
+@app.command("bench")
+def bench_cmd(
+    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    draft: Annotated[Path | None, typer.Option(help="Drafter directory (default: the embedded one).")] = None,
+    datasets: Annotated[str, typer.Option(help="Comma list: gsm8k, math500, aime24, humaneval, spec_bench[/cat].")] = (
+        "gsm8k,humaneval"
+    ),
+    rows: Annotated[int, typer.Option(min=1, help="Prompts per dataset.")] = 8,
+    methods: Annotated[str, typer.Option(help="Comma list of baseline, ngram, dspark.")] = "baseline,ngram,dspark",
+    n: Annotated[str, typer.Option(help="Comma list of draft lengths.")] = "3,7",
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="New tokens per prompt.")] = 128,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy (losslessness checked per row).")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Write JSON results with provenance here.")] = None,
+    markdown: Annotated[Path | None, typer.Option(help="Write the markdown table here.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a per-position acceptance plot (PNG) here.")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
+) -> None:
+    """Speculative decoding benchmark in the model card's format; methods interleaved in one run."""
+    from dspark.bench.provenance import provenance, write_json
+    from dspark.bench.speculative import acceptance_plot, markdown_table, run_bench
+    from dspark.defaults import resolve_draft, resolve_target
+    from dspark.target import TargetModel
+
+    try:
+        method_list = [m for m in methods.split(",") if m]
+        names = [d for d in datasets.split(",") if d]
+        ns = _parse_ids(n, "--n") or [7]
+        draft_dir = resolve_draft(draft) if "dspark" in method_list else None
+        target_dir = resolve_target(target)
+        tgt = TargetModel.from_pretrained(target_dir, device=_device(device))
+        if "baseline" not in method_list:
+            method_list.insert(0, "baseline")
+        result_rows = run_bench(
+            tgt,
+            datasets=names,
+            methods=method_list,
+            ns=ns,
+            rows=rows,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            draft_dir=draft_dir,
+            seed=seed,
+        )
+    except (DSparkError, ValueError) as exc:
+        _fail(str(exc))
+    table = markdown_table(result_rows)
+    typer.echo(table)
+    if out:
+        write_json(
+            out,
+            {
+                "provenance": provenance(
+                    seed,
+                    target=str(target_dir),
+                    draft=str(draft_dir) if draft_dir else None,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    rows=rows,
+                ),
+                "rows": result_rows,
+            },
+        )
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(table)
+    if plot:
+        try:
+            acceptance_plot(result_rows, plot)
+        except DSparkError as exc:
+            _fail(str(exc))
+    if any(r["lossless"] is False for r in result_rows):
+        typer.echo("error: a greedy row differs from the baseline (see lossless in the table)", err=True)
+        raise typer.Exit(1)
+
+
 def _encode(target, prompt: str, chat: bool):
     tok = target.tokenizer
     if tok is None:

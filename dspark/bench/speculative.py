@@ -1,0 +1,158 @@
+"""`dspark bench`: the model card's table, measured on this machine (DESIGN §6).
+
+Per dataset: baseline tok/s, then ``tok/s / speedup / accept_len`` for each method and n.
+Methods run interleaved prompt by prompt (baseline, then every method and n on the same
+prompt), so machine drift does not favour one; speedup = method tok/s / baseline tok/s
+from the same run and prompts (ratio of total tokens over total decode time). Every
+greedy row is checked token for token against the baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dspark.bench.datasets import load_prompts
+from dspark.decoding.factory import make_drafter, make_engine
+from dspark.decoding.sampling import SamplingParams
+from dspark.training.datagen import encode_prompt
+
+
+@dataclass
+class Cell:
+    tokens: int = 0
+    decode_seconds: float = 0.0
+    forwards: int = 0
+    emitted: int = 0
+    attempts: list[int] = field(default_factory=list)
+    accepts: list[int] = field(default_factory=list)
+    mismatches: int = 0
+    prompts: int = 0
+
+    def add(self, result, baseline_tokens: list[int] | None) -> None:
+        self.prompts += 1
+        self.tokens += len(result.tokens) - 1  # decode-loop tokens (the first comes from the prefill)
+        self.decode_seconds += result.decode_seconds
+        self.forwards += result.target_forwards
+        self.emitted += len(result.tokens) - 1
+        if not self.attempts:
+            self.attempts = [0] * len(result.position_attempts)
+            self.accepts = [0] * len(result.position_accepts)
+        self.attempts = [a + b for a, b in zip(self.attempts, result.position_attempts, strict=True)]
+        self.accepts = [a + b for a, b in zip(self.accepts, result.position_accepts, strict=True)]
+        if baseline_tokens is not None and result.tokens != baseline_tokens:
+            self.mismatches += 1
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+
+def run_bench(
+    target,
+    *,
+    datasets: list[str],
+    methods: list[str],
+    ns: list[int],
+    rows: int,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    draft_dir: str | Path | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[dict]:
+    from tqdm import tqdm
+
+    params = SamplingParams(temperature=temperature)
+    drafters = {m: make_drafter(m, target, draft_dir=draft_dir) for m in methods if m != "baseline"}
+    baseline = make_engine(target, None, 0)
+    engines = {(m, n): make_engine(target, d, min(n, d.max_draft_tokens)) for m, d in drafters.items() for n in ns}
+    out_rows = []
+    for name in datasets:
+        prompts = load_prompts(name, rows)
+        base_cell = Cell()
+        cells = {key: Cell() for key in engines}
+        for i, prompt in enumerate(tqdm(prompts, desc=name, disable=not progress, unit="prompt")):
+            ids = encode_prompt(target.tokenizer, prompt)
+
+            def gen(engine, i=i, ids=ids):
+                g = torch.Generator(device=target.device).manual_seed(seed + i)
+                return engine.generate(ids, max_new_tokens=max_new_tokens, params=params, generator=g)
+
+            base = gen(baseline)
+            base_cell.add(base, None)
+            for key, engine in engines.items():
+                cells[key].add(gen(engine), base.tokens if params.greedy else None)
+        out_rows.append(_row(name, "baseline", 0, base_cell, base_cell, params))
+        for (method, n), cell in cells.items():
+            out_rows.append(_row(name, method, n, cell, base_cell, params))
+    return out_rows
+
+
+def _row(dataset: str, method: str, n: int, cell: Cell, base: Cell, params: SamplingParams) -> dict:
+    return {
+        "dataset": dataset,
+        "method": method,
+        "n": n,
+        "prompts": cell.prompts,
+        "accept_len": cell.emitted / cell.forwards if cell.forwards else 0.0,
+        "tokens_per_second": cell.tps,
+        "speedup": cell.tps / base.tps if base.tps else 0.0,
+        "lossless": (cell.mismatches == 0) if params.greedy else None,
+        "mismatched_prompts": cell.mismatches if params.greedy else None,
+        "per_position_acceptance": [a / t if t else None for a, t in zip(cell.accepts, cell.attempts, strict=True)],
+        "tokens": cell.tokens,
+        "decode_seconds": cell.decode_seconds,
+    }
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The model card's layout: per dataset, baseline tok/s then `tok/s / speedup / accept_len`."""
+    cols = sorted({(r["method"], r["n"]) for r in rows if r["method"] != "baseline"}, key=lambda c: (c[0], c[1]))
+    head = "| benchmark | rows | baseline tok/s | " + " | ".join(f"{m} n={n}" for m, n in cols) + " | best |"
+    sep = "| --- | ---: | ---: | " + " | ".join("---:" for _ in cols) + " | --- |"
+    lines = [head, sep]
+    for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        by = {(r["method"], r["n"]): r for r in rows if r["dataset"] == dataset}
+        base = by[("baseline", 0)]
+        cells, best, best_tps = [], "baseline", base["tokens_per_second"]
+        for c in cols:
+            r = by.get(c)
+            if r is None:
+                cells.append("")
+                continue
+            flag = "" if r["lossless"] in (True, None) else " (NOT lossless)"
+            cells.append(f"{r['tokens_per_second']:.1f} / {r['speedup']:.2f}x / {r['accept_len']:.3f}{flag}")
+            if r["tokens_per_second"] > best_tps:
+                best, best_tps = f"{c[0]} n={c[1]}", r["tokens_per_second"]
+        lines.append(
+            f"| {dataset} | {base['prompts']} | {base['tokens_per_second']:.1f} | " + " | ".join(cells) + f" | {best} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def acceptance_plot(rows: list[dict], path: str | Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from dspark.errors import DSparkError
+
+        raise DSparkError("--plot needs matplotlib: pip install matplotlib") from None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        if r["method"] == "baseline" or not r["per_position_acceptance"]:
+            continue
+        ys = [y if y is not None else float("nan") for y in r["per_position_acceptance"]]
+        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=f"{r['dataset']} {r['method']} n={r['n']}")
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("P(accepted | earlier accepted)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

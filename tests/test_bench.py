@@ -1,0 +1,66 @@
+"""`dspark bench` on a tiny target: the table's shape, JSON schema and the losslessness check."""
+
+import json
+
+from typer.testing import CliRunner
+
+from dspark.bench.datasets import load_prompts
+from dspark.cli import app
+
+runner = CliRunner()
+
+
+def test_dataset_registry_reads_shared_data():
+    assert len(load_prompts("gsm8k", 3)) == 3
+    assert len(load_prompts("spec_bench/coding")) == 10
+    assert "def " in load_prompts("humaneval", 1)[0]
+
+
+def test_bench_writes_the_card_table_and_json(tiny_target_dirs, tmp_path):
+    draft = tmp_path / "draft"
+    assert runner.invoke(app, ["init", "--target", str(tiny_target_dirs["qwen3"]), "--out", str(draft)]).exit_code == 0
+    out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--target",
+            str(tiny_target_dirs["qwen3"]),
+            "--draft",
+            str(draft),
+            "--datasets",
+            "gsm8k,aime24",
+            "--rows",
+            "2",
+            "--n",
+            "3,7",
+            "--max-new-tokens",
+            "16",
+            "--out",
+            str(out),
+            "--markdown",
+            str(md),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["provenance"]["commit"] is None or len(report["provenance"]["commit"]) == 40
+    rows = report["rows"]
+    assert {(r["dataset"], r["method"], r["n"]) for r in rows} >= {("gsm8k", "dspark", 7), ("aime24", "ngram", 3)}
+    for r in rows:
+        for key in (
+            "dataset",
+            "method",
+            "n",
+            "prompts",
+            "accept_len",
+            "tokens_per_second",
+            "speedup",
+            "lossless",
+            "per_position_acceptance",
+        ):
+            assert key in r
+        assert r["prompts"] == 2
+        assert r["lossless"] is True
+    assert "| gsm8k | 2 |" in md.read_text()
+    assert "baseline tok/s" in result.stdout
