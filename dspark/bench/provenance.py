@@ -6,7 +6,6 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -52,10 +51,8 @@ def provenance(seed: int | None = None, **extra) -> dict:
 
 def write_json(path: str | Path, data: dict) -> None:
     """Atomic write (temporary file + rename)."""
+    from dspark.io import atomic_write_text
+
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
-    os.replace(tmp, out)
+    atomic_write_text(out, json.dumps(data, indent=2) + "\n")

@@ -7,8 +7,6 @@ and raises `CheckpointError` naming the file and what is wrong.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -16,22 +14,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from dspark.errors import CheckpointError, ConfigError
+from dspark.io import atomic_write, atomic_write_text
 from dspark.model.config import DSparkConfig
 from dspark.model.dspark import DSparkDraftModel
 from dspark.model.vocab import validate_vocab_mapping
 
 WEIGHTS_NAME = "model.safetensors"
-
-
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 EMBED = "embed_tokens.weight"
@@ -59,9 +47,9 @@ def save_drafter(
             t = t.to(dtype)
         tensors[name] = t.contiguous()
     metadata = {"format": "pt", "embed_tokens": "included" if include_embeddings else "from_target"}
-    _atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata=metadata))
     config_text = json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n"
-    _atomic_write(out / DSparkConfig.FILE_NAME, lambda tmp: Path(tmp).write_text(config_text))
+    atomic_write_text(out / DSparkConfig.FILE_NAME, config_text)
     return out
 
 

