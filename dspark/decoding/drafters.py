@@ -8,6 +8,7 @@ tokens the target verified this step (anchor first) and their target hidden stat
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -114,6 +115,8 @@ class DSparkDrafter:
         self._draft_to_target = model.draft_to_target
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._ctx_len = 0
+        # Cumulative wall time of drafting stages, for profiles (CPU timings; not synchronised on CUDA).
+        self.timings = {"context": 0.0, "backbone": 0.0, "heads": 0.0}
 
     @property
     def max_draft_tokens(self) -> int:
@@ -125,6 +128,7 @@ class DSparkDrafter:
 
     @torch.inference_mode()
     def _extend(self, aux: torch.Tensor) -> None:
+        t0 = time.perf_counter()
         n = aux.shape[0]
         positions = torch.arange(self._ctx_len, self._ctx_len + n, device=self.device)
         ctx = self.model.project_context(aux.to(self.device).unsqueeze(0))
@@ -137,6 +141,7 @@ class DSparkDrafter:
         else:
             self._kv = new
         self._ctx_len += n
+        self.timings["context"] += time.perf_counter() - t0
 
     def begin(self, prompt_ids: torch.Tensor, prompt_aux: torch.Tensor | None) -> None:
         if prompt_aux is None:
@@ -155,6 +160,7 @@ class DSparkDrafter:
         k = min(k, cfg.drafts_per_block)
         if k <= 0:
             return Proposal.empty(self.device)
+        t0 = time.perf_counter()
         p = self._ctx_len  # the anchor's absolute position
         block = model.block_input_ids(torch.tensor([anchor], device=self.device))
         positions = torch.arange(p, p + cfg.block_size, device=self.device)
@@ -162,6 +168,7 @@ class DSparkDrafter:
         first = 0 if cfg.sample_from_anchor else 1  # slot that yields draft 0
         slot_hidden = hidden[first : first + k]
         base = model.base_logits(slot_hidden)  # [k, V_d] fp32
+        t1 = time.perf_counter()
         tokens: list[int] = []
         draft_rows: list[torch.Tensor] = []
         conf: list[torch.Tensor] = []
@@ -198,4 +205,6 @@ class DSparkDrafter:
             if tokens:
                 probs[:, self._draft_to_target] = torch.stack(draft_rows)
         confidence = torch.stack(conf).reshape(-1)[: len(tokens)] if conf else None
+        self.timings["backbone"] += t1 - t0
+        self.timings["heads"] += time.perf_counter() - t1
         return Proposal(tokens=out, probs=probs, confidence=confidence)

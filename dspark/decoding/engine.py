@@ -28,6 +28,9 @@ class GenerationResult:
     decode_seconds: float
     prompt_tokens: int
     drafted_tokens: int = 0  # draft tokens sent to verification
+    # Decode-loop wall time by stage: propose (drafting), target (verification forward),
+    # verify (acceptance rule), bookkeeping (cache crop, drafter update, appends).
+    timings: dict[str, float] = field(default_factory=dict)
     position_attempts: list[int] = field(default_factory=list)
     position_accepts: list[int] = field(default_factory=list)
 
@@ -100,24 +103,30 @@ class SpeculativeEngine:
         forwards = 0
         decoded = 0
         drafted = 0
+        timings = dict.fromkeys(("propose", "target", "verify", "bookkeeping"), 0.0)
+        clock = time.perf_counter
         while len(generated) < max_new_tokens and generated[-1] not in stops:
             anchor = generated[-1]
             remaining = max_new_tokens - len(generated)
             k = min(self.k, remaining - 1)
+            c0 = clock()
             proposal = drafter.propose(anchor, k, params, generator) if (drafter and k > 0) else Proposal.empty()
             drafts = proposal.tokens.to(device)
+            c1 = clock()
             n = drafts.shape[0]
             drafted += n
             verify_ids = torch.cat([torch.tensor([anchor], device=device), drafts])
             cached = target.cache_len
             step = target.forward(verify_ids, capture=capture)
             forwards += 1
+            c2 = clock()
             if params.greedy:
                 verdict = verify_greedy(drafts, step.logits)
             else:
                 draft_probs = proposal.probs if n else torch.zeros(0, step.logits.shape[1])
                 verdict = verify_sampling(drafts, draft_probs.to(device), probabilities(step.logits, params), generator)
             a = verdict.num_accepted
+            c3 = clock()
             for j in range(min(n, a + 1)):
                 attempts[j] += 1
                 accepts[j] += int(j < a)
@@ -129,6 +138,11 @@ class SpeculativeEngine:
                 decoded += 1
                 if tok in stops or len(generated) >= max_new_tokens:
                     break
+            c4 = clock()
+            timings["propose"] += c1 - c0
+            timings["target"] += c2 - c1
+            timings["verify"] += c3 - c2
+            timings["bookkeeping"] += c4 - c3
         _sync(device)
         t2 = time.perf_counter()
         decode_s = t2 - t1
@@ -142,6 +156,7 @@ class SpeculativeEngine:
             decode_seconds=decode_s,
             prompt_tokens=int(prompt.numel()),
             drafted_tokens=drafted,
+            timings=timings,
             position_attempts=attempts,
             position_accepts=accepts,
         )
