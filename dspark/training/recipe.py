@@ -97,6 +97,9 @@ def load_recipe(path: str | Path) -> Recipe:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{src}: train: {exc}") from None
     base = src.parent
+    for key in ("vocab", "path"):  # file paths inside drafter: are relative to the recipe too
+        if key in drafter and not Path(drafter[key]).is_absolute():
+            drafter[key] = str((base / drafter[key]).resolve())
     if source == "offline" and "cache" not in raw:
         raise ConfigError(f"{src}: source: offline needs cache: DIR (built with `dspark cache-features`)")
     ray_opts = raw.get("ray") or {}
@@ -132,7 +135,12 @@ def build_model(recipe: Recipe, target):
         return model
     vocab = None
     if "vocab" in opts:
-        tables = load_file(str(opts.pop("vocab")))
+        vocab_path = Path(opts.pop("vocab"))
+        if not vocab_path.is_file():
+            raise ConfigError(f"drafter.vocab: {vocab_path} not found (build it with `dspark vocab`)")
+        tables = load_file(str(vocab_path))
+        if "d2t" not in tables or "t2d" not in tables:
+            raise ConfigError(f"drafter.vocab: {vocab_path} holds no d2t/t2d tensors")
         vocab = (tables["d2t"], tables["t2d"])
     if recipe.preset:
         config = DSparkConfig(**get_preset(recipe.preset)["drafter"])
