@@ -30,6 +30,7 @@ class Cell:
     accepts: list[int] = field(default_factory=list)
     mismatches: int = 0
     prompts: int = 0
+    timings: dict = field(default_factory=dict)  # decode seconds by stage, summed over prompts
 
     def add(self, result, baseline_tokens: list[int] | None) -> None:
         self.prompts += 1
@@ -42,6 +43,8 @@ class Cell:
             self.accepts = [0] * len(result.position_accepts)
         self.attempts = [a + b for a, b in zip(self.attempts, result.position_attempts, strict=True)]
         self.accepts = [a + b for a, b in zip(self.accepts, result.position_accepts, strict=True)]
+        for stage, seconds in result.timings.items():
+            self.timings[stage] = self.timings.get(stage, 0.0) + seconds
         if baseline_tokens is not None and result.tokens != baseline_tokens:
             self.mismatches += 1
 
@@ -84,7 +87,12 @@ def run_bench(
             base = gen(baseline)
             base_cell.add(base, None)
             for key, engine in engines.items():
+                drafter = engine.drafter
+                before = dict(getattr(drafter, "timings", {}))
                 cells[key].add(gen(engine), base.tokens if params.greedy else None)
+                for stage, total in getattr(drafter, "timings", {}).items():
+                    name_ = f"draft_{stage}"
+                    cells[key].timings[name_] = cells[key].timings.get(name_, 0.0) + total - before.get(stage, 0.0)
         out_rows.append(_row(name, "baseline", 0, base_cell, base_cell, params))
         for (method, n), cell in cells.items():
             out_rows.append(_row(name, method, n, cell, base_cell, params))
@@ -105,6 +113,8 @@ def _row(dataset: str, method: str, n: int, cell: Cell, base: Cell, params: Samp
         "per_position_acceptance": [a / t if t else None for a, t in zip(cell.accepts, cell.attempts, strict=True)],
         "tokens": cell.tokens,
         "decode_seconds": cell.decode_seconds,
+        "target_forwards": cell.forwards,
+        "timings": cell.timings,
     }
 
 
