@@ -24,6 +24,9 @@ def atomic_write(path: str | Path, write: Callable[[str], object]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
