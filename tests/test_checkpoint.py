@@ -42,7 +42,7 @@ def test_bf16_storage_loads(saved, tmp_path):
     save_drafter(model, tmp_path / "bf16", dtype=torch.bfloat16)
     state = load_file(str(tmp_path / "bf16" / WEIGHTS_NAME))
     assert state["fc.weight"].dtype == torch.bfloat16
-    assert state["d2t"].dtype == torch.long and state["t2d"].dtype == torch.bool
+    assert "d2t" not in state and "t2d" not in state  # full vocab: speculators writes no tables
     loaded = load_drafter(tmp_path / "bf16", dtype=torch.float32)
     torch.testing.assert_close(block_logits(loaded), block_logits(model), rtol=0.05, atol=0.05)
 
@@ -92,7 +92,7 @@ def test_absolute_ids_in_d2t_are_caught(tiny_targets, tmp_path):
 def test_config_that_disagrees_with_weights(saved):
     _, path = saved
     data = json.loads((path / DSparkConfig.FILE_NAME).read_text())
-    data["intermediate_size"] = 96
+    data["transformer_layer_config"]["intermediate_size"] = 96
     (path / DSparkConfig.FILE_NAME).write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match="has shape"):
         load_drafter(path)
@@ -122,7 +122,26 @@ def test_checkpoint_without_embeddings_takes_them_from_the_target(tiny_targets, 
     assert "embed_tokens.weight" not in load_file(str(tmp_path / "small" / WEIGHTS_NAME))
     with pytest.raises(CheckpointError, match="pass the target"):
         load_drafter(tmp_path / "small")
-    with pytest.raises(CheckpointError, match="embedding has shape"):
+    with pytest.raises(CheckpointError, match=r"embed_tokens\.weight has shape"):
         load_drafter(tmp_path / "small", target_embedding=torch.zeros(3, 3))
     loaded = load_drafter(tmp_path / "small", target_embedding=target.embedding_weight())
     assert torch.equal(block_logits(loaded), block_logits(model))
+
+
+def test_pruned_vocab_tables_are_stored_as_speculators_does(tiny_targets, tmp_path):
+    model = untrained_drafter(tiny_targets["qwen3"], draft_vocab_size=100)
+    save_drafter(model, tmp_path / "p", dtype=torch.bfloat16)
+    state = load_file(str(tmp_path / "p" / WEIGHTS_NAME))
+    assert state["d2t"].dtype == torch.long and state["t2d"].dtype == torch.bool
+    assert state["lm_head.weight"].shape == (100, model.config.hidden_size)
+    config = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert config["speculators_model_type"] == "dspark" and config["draft_vocab_size"] == 100
+    assert config["transformer_layer_config"]["vocab_size"] == model.config.target_vocab_size
+    assert config["sample_from_anchor"] is True  # written explicitly: engines disagree on its default
+
+
+def test_checkpoints_in_the_older_dspark_config_format_still_load(saved):
+    model, path = saved
+    (path / "config.json").unlink()
+    (path / "dspark_config.json").write_text(json.dumps(model.config.to_dict()))
+    assert load_drafter(path).config == model.config

@@ -139,7 +139,7 @@ def test_init_errors(tiny_target_dirs, drafter_dir, tmp_path):
 def test_corrupt_drafter_is_a_clean_error(tiny_target_dirs, drafter_dir, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "dspark_config.json").write_text((drafter_dir / "dspark_config.json").read_text())
+    (broken / "config.json").write_text((drafter_dir / "config.json").read_text())
     (broken / "model.safetensors").write_bytes((drafter_dir / "model.safetensors").read_bytes()[:1000])
     result = generate(tiny_target_dirs["qwen3"], broken)
     assert result.exit_code == 2

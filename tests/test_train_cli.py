@@ -106,7 +106,7 @@ def test_vocab_command_and_pruned_training(tiny_target_dirs, data, tmp_path):
     cfg.write_text(yaml.safe_dump(raw))
     result = runner.invoke(app, ["train", "--config", str(cfg), "--no-progress"])
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "p" / "final" / "dspark_config.json").read_text())["draft_vocab_size"] == 64
+    assert json.loads((tmp_path / "p" / "final" / "config.json").read_text())["draft_vocab_size"] == 64
 
 
 def test_two_process_ddp_matches_one_process(tiny_target_dirs, data, tmp_path):

@@ -1,23 +1,26 @@
-"""Saving and loading drafter checkpoints: ``dspark_config.json`` + ``model.safetensors``.
+"""Saving and loading drafter checkpoints in the speculators format: ``config.json`` +
+``model.safetensors`` (`dspark.formats.speculators` has the field and tensor names).
 
 Writes are atomic (temporary name, then rename). Loading validates everything it reads
-and raises `CheckpointError` naming the file and what is wrong.
+and raises `CheckpointError` naming the file and what is wrong. Checkpoints written by
+speculators itself load too: frozen copies it leaves out (``embed_tokens``, a full-vocab
+``lm_head``, identity ``d2t``/``t2d``) are taken from the target.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from dspark.errors import CheckpointError, ConfigError
+from dspark.formats.speculators import CONFIG_NAME, LEGACY_CONFIG_NAME, config_json_text
 from dspark.io import atomic_write, atomic_write_text
 from dspark.model.config import DSparkConfig
 from dspark.model.dspark import DSparkDraftModel
-from dspark.model.vocab import validate_vocab_mapping
+from dspark.model.vocab import identity_mapping, validate_vocab_mapping
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -39,17 +42,22 @@ def save_drafter(
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
+    full_vocab = not model.config.uses_pruned_vocab
     for name, tensor in model.state_dict().items():
         if name == EMBED and not include_embeddings:
             continue
+        if full_vocab and name in ("d2t", "t2d"):
+            continue  # speculators has no vocab tables for a full draft vocab
         t = tensor.detach().cpu()
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
         tensors[name] = t.contiguous()
     metadata = {"format": "pt", "embed_tokens": "included" if include_embeddings else "from_target"}
     atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata=metadata))
-    config_text = json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n"
-    atomic_write_text(out / DSparkConfig.FILE_NAME, config_text)
+    atomic_write_text(out / CONFIG_NAME, config_json_text(model.config))
+    legacy = out / LEGACY_CONFIG_NAME
+    if legacy.is_file():  # an older-format config beside the new one would be ambiguous
+        legacy.unlink()
     return out
 
 
@@ -59,36 +67,75 @@ def load_drafter(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     target_embedding: torch.Tensor | None = None,
+    target_lm_head: torch.Tensor | None = None,
+    num_target_layers: int | None = None,
 ) -> DSparkDraftModel:
     """Load a drafter, checking config, tensor names, shapes and the vocab mapping.
 
-    A checkpoint saved without ``embed_tokens`` needs ``target_embedding`` [V, H]."""
+    A checkpoint saved without ``embed_tokens`` needs ``target_embedding`` [V, H]; a
+    full-vocab one without ``lm_head`` needs ``target_lm_head`` [V, H]."""
     src = Path(directory)
     if not src.is_dir():
         raise CheckpointError(f"{src}: drafter directory not found")
     try:
-        config = DSparkConfig.load(src)
+        config = DSparkConfig.load(src, num_target_layers=num_target_layers)
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
-    weights = src / WEIGHTS_NAME
+    state = read_weights(src / WEIGHTS_NAME)
+    return build_drafter(
+        config,
+        state,
+        source=str(src / WEIGHTS_NAME),
+        device=device,
+        dtype=dtype,
+        target_embedding=target_embedding,
+        target_lm_head=target_lm_head,
+    )
+
+
+def read_weights(weights: Path) -> dict[str, torch.Tensor]:
     if not weights.is_file():
         raise CheckpointError(f"{weights}: weights file missing")
     try:
-        state = load_file(str(weights))
-        with safe_open(str(weights), framework="pt") as fh:
-            embed_mode = (fh.metadata() or {}).get("embed_tokens", "included")
-    except (SafetensorError, OSError, ValueError) as exc:
+        return load_file(str(weights))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{weights}: cannot read safetensors file (truncated or corrupt?): {exc}") from None
-    if EMBED not in state and embed_mode == "from_target":
-        if target_embedding is None:
-            raise CheckpointError(f"{weights}: stores no embed_tokens (taken from the target); pass the target")
-        expected_shape = (config.target_vocab_size, config.hidden_size)
-        if tuple(target_embedding.shape) != expected_shape:
-            raise CheckpointError(
-                f"{weights}: the target's embedding has shape {tuple(target_embedding.shape)}, the drafter "
-                f"expects {expected_shape}"
-            )
-        state[EMBED] = target_embedding.detach().to("cpu", torch.float32)
+
+
+def _frozen_from_target(
+    state: dict[str, torch.Tensor], name: str, tensor: torch.Tensor | None, shape: tuple[int, int], source: str
+) -> None:
+    if tensor is None:
+        raise CheckpointError(f"{source}: stores no {name} (a frozen copy of the target's); pass the target")
+    if tuple(tensor.shape) != shape:
+        raise CheckpointError(
+            f"{source}: the target's {name} has shape {tuple(tensor.shape)}, the drafter expects {shape}"
+        )
+    state[name] = tensor.detach().to("cpu", torch.float32)
+
+
+def build_drafter(
+    config: DSparkConfig,
+    state: dict[str, torch.Tensor],
+    *,
+    source: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    target_embedding: torch.Tensor | None = None,
+    target_lm_head: torch.Tensor | None = None,
+) -> DSparkDraftModel:
+    """Validate a state dict (our / speculators names) against ``config`` and build the model."""
+    state = dict(state)
+    for name in ("verifier_lm_head.weight", "verifier_norm.weight", "rotary_emb.inv_freq"):
+        state.pop(name, None)  # speculators rebuilds these from the verifier
+    vocab_shape = (config.target_vocab_size, config.hidden_size)
+    if EMBED not in state:
+        _frozen_from_target(state, EMBED, target_embedding, vocab_shape, source)
+    if not config.uses_pruned_vocab:
+        if "d2t" not in state and "t2d" not in state:
+            state["d2t"], state["t2d"] = identity_mapping(config.target_vocab_size)
+        if "lm_head.weight" not in state:
+            _frozen_from_target(state, "lm_head.weight", target_lm_head, vocab_shape, source)
     with torch.device("meta"):
         reference = DSparkDraftModel(config)
     expected = dict(reference.state_dict())
@@ -96,21 +143,21 @@ def load_drafter(
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"{weights}: tensor names do not match the config"
+            f"{source}: tensor names do not match the config"
             + (f"; missing {missing[:6]}{'...' if len(missing) > 6 else ''}" if missing else "")
             + (f"; unexpected {unexpected[:6]}{'...' if len(unexpected) > 6 else ''}" if unexpected else "")
         )
     for name, ref in expected.items():
         if tuple(state[name].shape) != tuple(ref.shape):
             raise CheckpointError(
-                f"{weights}: tensor {name} has shape {tuple(state[name].shape)}, the config implies {tuple(ref.shape)}"
+                f"{source}: tensor {name} has shape {tuple(state[name].shape)}, the config implies {tuple(ref.shape)}"
             )
     validate_vocab_mapping(
-        state["d2t"], state["t2d"], config.draft_vocab_size, config.target_vocab_size, source=str(weights)
+        state["d2t"], state["t2d"], config.draft_vocab_size, config.target_vocab_size, source=source
     )
     for name, t in state.items():
         if t.is_floating_point() and not torch.isfinite(t).all():
-            raise CheckpointError(f"{weights}: tensor {name} contains NaN or Inf")
+            raise CheckpointError(f"{source}: tensor {name} contains NaN or Inf")
     model = DSparkDraftModel(config)
     model.load_state_dict(state, strict=True)
     if dtype is not None:

@@ -1,7 +1,8 @@
 """`DSparkConfig`: every architectural field of a DSpark drafter, validated on construction.
 
-The config is saved beside the weights (``dspark_config.json``) and is the only thing
-loading reads to rebuild the model: nothing is guessed from a path or a tensor shape.
+The config is saved beside the weights as a speculators ``config.json``
+(`dspark.formats.speculators`) and is the only thing loading reads to rebuild the model:
+nothing is guessed from a path or a tensor shape.
 
 Layer-id convention (``aux_hidden_state_layer_ids``): the speculators one. Id ``i``
 selects Hugging Face ``hidden_states[i]``, i.e. the *input* of decoder layer ``i``
@@ -13,7 +14,6 @@ selects Hugging Face ``hidden_states[i]``, i.e. the *input* of decoder layer ``i
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -65,7 +65,7 @@ class DSparkConfig:
     # Free-form provenance (the target it was made for, ...). Not architectural.
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    FILE_NAME: ClassVar[str] = "dspark_config.json"
+    FILE_NAME: ClassVar[str] = "config.json"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "aux_hidden_state_layer_ids", tuple(int(i) for i in self.aux_hidden_state_layer_ids))
@@ -194,19 +194,17 @@ class DSparkConfig:
         return dataclasses.replace(self, **changes)
 
     def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / self.FILE_NAME
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        """Write ``config.json`` in the speculators format (our native format)."""
+        from dspark.formats.speculators import CONFIG_NAME, config_json_text
+
+        path = Path(directory) / CONFIG_NAME
+        path.write_text(config_json_text(self))
         return path
 
     @classmethod
-    def load(cls, directory: str | Path) -> DSparkConfig:
-        path = Path(directory) / cls.FILE_NAME
-        if not path.is_file():
-            raise ConfigError(f"{path}: no drafter config (expected {cls.FILE_NAME} in {directory})")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
-        return cls.from_dict(data, source=str(path))
+    def load(cls, directory: str | Path, *, num_target_layers: int | None = None) -> DSparkConfig:
+        """Read the config of a drafter directory (speculators ``config.json``, or the
+        ``dspark_config.json`` of checkpoints written before the speculators format)."""
+        from dspark.formats.speculators import load_config
+
+        return load_config(directory, num_target_layers=num_target_layers)

@@ -1,0 +1,1 @@
+"""Checkpoint formats: speculators (native), GGUF (llama.cpp ``draft-dspark``) and importers."""
