@@ -1,0 +1,146 @@
+"""One entry point per direction, shared by the CLI: open any drafter file or directory
+(speculators / ours, GGUF, DFlash, DeepSpec) validated, export to speculators or GGUF, and
+describe what was read (`describe_path`, behind ``dspark inspect``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dspark.errors import CheckpointError, DSparkError
+from dspark.model.dspark import DSparkDraftModel
+from dspark.target.frozen import TargetFacts, read_target_facts
+
+FORMATS = ("speculators", "gguf")
+
+
+def detect_kind(path: Path) -> str:
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf"
+    if path.is_dir():
+        return "speculators"
+    raise CheckpointError(f"{path}: not found (expected a drafter directory or a .gguf file)")
+
+
+def open_drafter(
+    path: str | Path, *, kind: str | None = None, target: str | Path | None = None
+) -> tuple[DSparkDraftModel, TargetFacts | None]:
+    """Read and validate a drafter of any supported kind. Without a target, frozen tensors the
+    file leaves out are checked with zero placeholders of the right shape (validation only)."""
+    from dspark.formats.gguf import read_gguf
+    from dspark.formats.importers import import_drafter
+    from dspark.model.checkpoint import load_drafter
+    from dspark.model.config import DSparkConfig
+
+    src = Path(path)
+    kind = kind or detect_kind(src)
+    facts = read_target_facts(target) if target is not None else None
+    n_layers = facts.num_layers if facts else None
+    embed = facts.embedding if facts else None
+    head = facts.lm_head if facts else None
+    if facts is None and kind in ("speculators", "ours"):
+        # Placeholders from the config's own shapes, so a speculators file without frozen copies validates.
+        try:
+            cfg = DSparkConfig.load(src)
+        except DSparkError:
+            cfg = None
+        if cfg is not None:
+            embed = head = torch.zeros(cfg.target_vocab_size, cfg.hidden_size)
+    if kind == "gguf":
+        model = read_gguf(src, num_target_layers=n_layers, target_embedding=embed, target_lm_head=head)
+    elif kind in ("speculators", "ours"):
+        model = load_drafter(src, target_embedding=embed, target_lm_head=head, num_target_layers=n_layers)
+    else:
+        if facts is None:
+            raise CheckpointError(f"--from {kind}: pass the target (--target DIR) for its embedding and lm_head")
+        model = import_drafter(src, kind, num_target_layers=n_layers, target_embedding=embed, target_lm_head=head)
+    if facts is not None:
+        check_against_target(model, facts)
+    return model, facts
+
+
+def check_against_target(model: DSparkDraftModel, facts: TargetFacts) -> None:
+    cfg = model.config
+    where = f"target {facts.directory}"
+    if cfg.target_vocab_size != facts.vocab_size:
+        raise CheckpointError(f"drafter target_vocab_size {cfg.target_vocab_size} != {where} vocab {facts.vocab_size}")
+    if cfg.target_hidden_size != facts.hidden_size:
+        raise CheckpointError(
+            f"drafter target_hidden_size {cfg.target_hidden_size} != {where} hidden size {facts.hidden_size}"
+        )
+    if cfg.num_target_layers != facts.num_layers:
+        raise CheckpointError(
+            f"drafter made for a {cfg.num_target_layers}-layer target; {where} has {facts.num_layers} layers"
+        )
+    if not 0 <= cfg.mask_token_id < facts.vocab_size:
+        raise CheckpointError(f"mask_token_id {cfg.mask_token_id} is outside the {where} vocab")
+
+
+def fill_from_target(model: DSparkDraftModel, facts: TargetFacts | None) -> None:
+    """Put the target's real embedding in place (placeholders must not leak) and record the target."""
+    if facts is None:
+        return
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(facts.embedding.to(model.embed_tokens.weight.dtype))
+    # The verifier recorded in the export is the target it was checked against.
+    extra = {**model.config.extra, "target": str(facts.directory)}
+    if facts.architecture:
+        extra["target_architecture"] = facts.architecture
+    model.config = model.config.replace(extra=extra)
+
+
+def refuse_overwrite(out: Path, force: bool) -> None:
+    if out.exists() and not force:
+        raise DSparkError(f"{out} exists; pass --force to replace it (nothing was written)")
+
+
+def export_speculators(model: DSparkDraftModel, out: Path, *, dtype: torch.dtype | None, force: bool) -> Path:
+    from dspark.model.checkpoint import save_drafter
+
+    refuse_overwrite(out, force)
+    tmp = out.with_name(f".{out.name}.partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_drafter(model, tmp, dtype=dtype, include_embeddings=False)
+    if out.exists():
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    tmp.rename(out)
+    return out
+
+
+def describe_path(path: str | Path, *, kind: str | None = None, target: str | Path | None = None) -> dict[str, Any]:
+    """Validate a drafter of any kind and describe it (config, tensors, stored types)."""
+    from dspark.model.inspect import describe_config
+
+    src = Path(path)
+    kind = kind or detect_kind(src)
+    model, facts = open_drafter(src, kind=kind, target=target)
+    info = describe_config(model.config)
+    info.update(path=str(src), format=kind, valid=True)
+    if facts is not None:
+        info["target"] = str(facts.directory)
+    stored: dict[str, dict[str, Any]] = {}
+    if kind == "gguf":
+        import gguf
+
+        reader = gguf.GGUFReader(str(src))
+        for t in reader.tensors:
+            stored[t.name] = {"shape": [int(s) for s in reversed(t.shape.tolist())], "dtype": t.tensor_type.name}
+        info["bytes"] = src.stat().st_size
+    else:
+        from safetensors import safe_open
+
+        total = 0
+        for file in sorted(src.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as fh:
+                for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    sl = fh.get_slice(name)
+                    stored[name] = {"shape": list(sl.get_shape()), "dtype": sl.get_dtype()}
+            total += file.stat().st_size
+        info["bytes"] = total
+    info.update(tensor_shapes=stored, tensors=len(stored), float_dtype="as stored")
+    return info
