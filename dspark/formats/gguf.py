@@ -294,7 +294,8 @@ def export_gguf(
         writer.add_array(f"{ARCH}.target_layers", [int(i) for i in cfg.aux_hidden_state_layer_ids])
         writer.add_bool(f"{ARCH}.sample_from_anchor", cfg.sample_from_anchor)
         writer.add_bool(f"{ARCH}.has_confidence_head", bool(conf_ok and model.confidence_head is not None))
-        writer.add_string(CONFIG_KEY, config_json_text(cfg))
+        carried = cfg if conf_ok or not cfg.enable_confidence_head else cfg.replace(enable_confidence_head=False)
+        writer.add_string(CONFIG_KEY, config_json_text(carried))
         for key, value, (vtype, sub) in tokenizer.items:
             if key == "tokenizer.ggml.mask_token_id":
                 continue

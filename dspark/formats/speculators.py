@@ -215,7 +215,7 @@ def from_speculators_dict(
         "markov_rank": int(data.get("markov_rank", 256)) if is_dspark else 0,
         "markov_head_type": data.get("markov_head_type", "vanilla") if is_dspark else "vanilla",
         "enable_confidence_head": bool(data.get("enable_confidence_head", True)) if is_dspark else False,
-        "confidence_head_with_markov": bool(data.get("confidence_head_with_markov", True)) if is_dspark else False,
+        "confidence_head_with_markov": bool(data.get("confidence_head_with_markov", True)),
         "rope_theta": _rope_theta(layer, source),
         "rms_norm_eps": float(layer.get("rms_norm_eps", 1e-6)),
         "max_position_embeddings": int(layer.get("max_position_embeddings", 32768)),
