@@ -31,9 +31,24 @@ def make_drafter(
     if method in ("dspark", "dflash"):
         if draft_dir is None:
             raise DSparkError(f"method {method!r} needs a drafter directory (--draft)")
-        model = load_drafter(
-            draft_dir, device=target.device, dtype=dtype or target.dtype, target_embedding=target.embedding_weight()
-        )
+        if Path(draft_dir).suffix == ".gguf":  # a llama.cpp draft, dequantised: measure a quantised drafter
+            from dspark.formats.gguf import read_gguf
+
+            model = read_gguf(
+                draft_dir,
+                num_target_layers=target.num_layers,
+                target_embedding=target.embedding_weight(),
+                target_lm_head=target.lm_head_weight(),
+            ).to(device=target.device, dtype=dtype or target.dtype)
+        else:
+            model = load_drafter(
+                draft_dir,
+                device=target.device,
+                dtype=dtype or target.dtype,
+                target_embedding=target.embedding_weight(),
+                target_lm_head=target.lm_head_weight(),
+                num_target_layers=target.num_layers,
+            )
         check_fits(model.config, target)
         target.set_aux_layers(model.config.aux_hidden_state_layer_ids)
         try:

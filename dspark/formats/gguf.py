@@ -439,6 +439,13 @@ def read_gguf(
         state[ours] = torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).reshape(shapes[name])
     if unknown:
         raise CheckpointError(f"{path}: tensors this drafter does not have: {unknown[:6]}")
+    # ggml drops trailing unit dimensions (llama-quantize writes conf_proj [H + r, 1] as [H + r]).
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in DSparkDraftModel(config).state_dict().items()}
+    for name, tensor in state.items():
+        want = expected.get(name)
+        if want is not None and tuple(tensor.shape) != want and tensor.numel() == int(np.prod(want)):
+            state[name] = tensor.reshape(want)
     return build_drafter(
         config,
         state,
