@@ -154,8 +154,12 @@ def same_greedy_text(a: str | None, b: str) -> bool:
 
 
 def _generated(stdout: str, prompt: str) -> str:
-    at = stdout.find(prompt)
-    text = stdout[at + len(prompt) :] if at >= 0 else stdout
+    """The generated text: what follows the echoed prompt (echoed with or without special tokens)."""
+    at, length = stdout.find(prompt), len(prompt)
+    if at < 0:  # llama-completion echoes the prompt without its special tokens
+        bare = re.sub(r"<\|[^|>]*\|>", "", prompt)
+        at, length = stdout.find(bare), len(bare)
+    text = stdout[at + length :] if at >= 0 else stdout
     return text.rstrip("\n").removesuffix("[end of text]").rstrip()
 
 
