@@ -7,6 +7,7 @@ n-gram and DSpark are timed and counted by exactly the same code.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -74,7 +75,13 @@ class SpeculativeEngine:
         params: SamplingParams | None = None,
         generator: torch.Generator | None = None,
         stop_token_ids: set[int] | None = None,
+        on_tokens: Callable[[list[int]], bool] | None = None,
     ) -> GenerationResult:
+        """Decode up to ``max_new_tokens`` tokens (stopping after a stop token).
+
+        ``on_tokens(new_ids)`` is called with the tokens each step emits (the prefill's first
+        token included); returning True ends generation there (a stop string, a client that
+        went away). Output up to that point is unaffected: the callback only cuts it short."""
         params = params or SamplingParams()
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -97,6 +104,7 @@ class SpeculativeEngine:
             drafter.begin(prompt, step.aux_hidden)
         _sync(device)
         t1 = time.perf_counter()
+        halted = on_tokens is not None and bool(on_tokens(list(generated)))
 
         attempts = [0] * self.k
         accepts = [0] * self.k
@@ -105,7 +113,7 @@ class SpeculativeEngine:
         drafted = 0
         timings = dict.fromkeys(("propose", "target", "verify", "bookkeeping"), 0.0)
         clock = time.perf_counter
-        while len(generated) < max_new_tokens and generated[-1] not in stops:
+        while not halted and len(generated) < max_new_tokens and generated[-1] not in stops:
             anchor = generated[-1]
             remaining = max_new_tokens - len(generated)
             k = min(self.k, remaining - 1)
@@ -133,11 +141,15 @@ class SpeculativeEngine:
             target.crop(cached + a + 1)
             if drafter is not None:
                 drafter.accept(verify_ids[: a + 1], None if step.aux_hidden is None else step.aux_hidden[: a + 1])
+            new = []
             for tok in verdict.tokens:
                 generated.append(tok)
+                new.append(tok)
                 decoded += 1
                 if tok in stops or len(generated) >= max_new_tokens:
                     break
+            if on_tokens is not None:
+                halted = bool(on_tokens(new))
             c4 = clock()
             timings["propose"] += c1 - c0
             timings["target"] += c2 - c1

@@ -1,0 +1,92 @@
+"""Build and run the server: load the target and drafter once, start the worker, hand the
+app to uvicorn (loopback by default)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dspark.errors import DSparkError
+
+
+@dataclass
+class ServeOptions:
+    target: Path
+    draft: Path | None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    num_speculative_tokens: int = 7
+    max_concurrency: int = 16
+    request_timeout: float = 600.0
+    max_model_len: int | None = None
+    model_name: str | None = None
+    confidence_threshold: float | None = None
+    shutdown_grace: float = 10.0
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+
+
+def build_app(opts: ServeOptions):
+    """The FastAPI app and its worker (the worker thread is running on return)."""
+    from dspark.decoding.factory import make_drafter, make_engine
+    from dspark.serve.app import ServerConfig, create_app
+    from dspark.serve.metrics import Metrics
+    from dspark.serve.worker import Worker
+    from dspark.target import TargetModel
+
+    if opts.max_concurrency < 1:
+        raise DSparkError(f"--max-concurrency must be >= 1, got {opts.max_concurrency}")
+    if opts.request_timeout <= 0:
+        raise DSparkError(f"--request-timeout must be > 0, got {opts.request_timeout}")
+    target = TargetModel.from_pretrained(opts.target, device=opts.device, dtype=opts.dtype)
+    if target.tokenizer is None:
+        raise DSparkError(f"{opts.target}: the target has no tokenizer; a server needs one")
+    speculative = opts.num_speculative_tokens > 0
+    if speculative and opts.draft is None:
+        raise DSparkError("--num-speculative-tokens > 0 needs a drafter (--draft)")
+    drafter = (
+        make_drafter("dspark", target, draft_dir=opts.draft, confidence_threshold=opts.confidence_threshold)
+        if speculative
+        else None
+    )
+    spec_engine = make_engine(target, drafter, opts.num_speculative_tokens if speculative else 0)
+    plain_engine = make_engine(target, None, 0)
+    name = opts.model_name or Path(opts.target).name
+    limit = int(getattr(target.config, "max_position_embeddings", 0) or 4096)
+    max_len = opts.max_model_len or limit
+    if max_len > limit:
+        raise DSparkError(f"--max-model-len {max_len} exceeds the target's {limit} positions")
+    metrics = Metrics(name)
+    tok = target.tokenizer
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=True)
+
+    worker = Worker(spec_engine, plain_engine, decode, max_queue=opts.max_concurrency, metrics=metrics)
+    config = ServerConfig(
+        model_name=name,
+        max_model_len=max_len,
+        request_timeout=opts.request_timeout,
+        speculative=speculative,
+        num_speculative_tokens=opts.num_speculative_tokens,
+        vocab_size=target.vocab_size,
+    )
+    return create_app(worker, tok, metrics, config, shutdown_grace=opts.shutdown_grace), worker
+
+
+def serve(opts: ServeOptions, log=print) -> None:
+    try:
+        import uvicorn
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise DSparkError("serving needs FastAPI and uvicorn: pip install 'dspark[serve]'") from None
+    app, _worker = build_app(opts)
+    log(f"serving {opts.target} on http://{opts.host}:{opts.port} (speculative tokens: {opts.num_speculative_tokens})")
+    uvicorn.run(
+        app,
+        host=opts.host,
+        port=opts.port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(opts.shutdown_grace),
+    )

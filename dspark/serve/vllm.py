@@ -1,0 +1,61 @@
+"""The hand-off to vLLM: the ``vllm serve`` command line and ``--speculative-config`` JSON for
+a drafter checkpoint in the speculators format (method ``dspark``, or ``dflash`` for a
+drafter without heads), after checking the checkpoint has what vLLM's method reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from dspark.errors import DSparkError
+from dspark.formats.speculators import CONFIG_NAME, read_json
+
+
+def vllm_handoff(
+    draft: str | Path,
+    target: str | Path,
+    *,
+    num_speculative_tokens: int = 7,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_model_len: int | None = None,
+) -> dict:
+    """``{"speculative_config": {...}, "command": "vllm serve ...", "checks": [...]}``."""
+    src = Path(draft)
+    path = src / CONFIG_NAME
+    if not path.is_file():
+        raise DSparkError(
+            f"{src}: no speculators config.json; export it first: dspark export {src} --format speculators --out DIR"
+        )
+    data = read_json(path)
+    method = data.get("speculators_model_type")
+    if method not in ("dspark", "dflash"):
+        raise DSparkError(f"{path}: speculators_model_type {method!r}: vLLM's dspark/dflash methods need one of those")
+    checks = []
+    for key in (
+        "transformer_layer_config",
+        "draft_vocab_size",
+        "block_size",
+        "aux_hidden_state_layer_ids",
+        "mask_token_id",
+        "sample_from_anchor",
+    ):
+        if key not in data or data[key] is None:
+            raise DSparkError(f"{path}: field {key!r} is missing; vLLM's {method} method reads it")
+        checks.append(f"{key} present")
+    drafts = data["block_size"] if data["sample_from_anchor"] else data["block_size"] - 1
+    if not 1 <= num_speculative_tokens <= drafts:
+        raise DSparkError(
+            f"num_speculative_tokens {num_speculative_tokens} must be in [1, {drafts}] (drafts per block with "
+            f"block_size {data['block_size']}, sample_from_anchor={data['sample_from_anchor']})"
+        )
+    checks.append(f"num_speculative_tokens {num_speculative_tokens} <= {drafts} drafts per block")
+    if (Path(src) / "model.safetensors").is_file() is False:
+        raise DSparkError(f"{src}: model.safetensors is missing")
+    spec = {"model": str(src.resolve()), "num_speculative_tokens": num_speculative_tokens, "method": method}
+    args = ["vllm", "serve", str(target), "--host", host, "--port", str(port), "--speculative-config", json.dumps(spec)]
+    if max_model_len:
+        args += ["--max-model-len", str(max_model_len)]
+    return {"speculative_config": spec, "command": shlex.join(args), "argv": args, "checks": checks}

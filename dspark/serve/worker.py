@@ -1,0 +1,206 @@
+"""The one thread that owns the target and the drafter, and the bounded queue in front of it.
+
+The target's KV cache and the drafter's context cache hold one sequence at a time, so a
+single worker thread decodes requests one after another: no two requests ever share a
+cache, whatever the HTTP side does. Requests wait in a bounded queue (full queue ->
+`QueueFullError`, the HTTP layer answers 429). Each request carries a cancel flag (client gone,
+time-out, shutdown) that the engine checks after every verification step.
+
+Tokens go back to the request's asyncio queue with ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from dspark.decoding.engine import GenerationResult, SpeculativeEngine
+from dspark.decoding.sampling import SamplingParams
+from dspark.serve.metrics import Metrics
+
+
+class QueueFullError(Exception):
+    """The request queue is at its bound."""
+
+
+class ShuttingDownError(Exception):
+    """The server no longer takes requests."""
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams
+    seed: int | None
+    stop: list[str]
+    speculative: bool
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue  # ("tokens", [ids], text_delta) | ("done", info) | ("error", message)
+    deadline: float  # time.monotonic() after which the job is cut short
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+    def emit(self, item: tuple) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+
+class StopStrings:
+    """Incremental detokenisation with stop strings: releases text that cannot begin a stop."""
+
+    def __init__(self, decode: Callable[[list[int]], str], stops: list[str]) -> None:
+        self.decode = decode
+        self.stops = [s for s in stops if s]
+        self.ids: list[int] = []
+        self.sent = 0  # characters of the decoded text already released
+        self.hit = False
+
+    def push(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        text = self.decode(self.ids)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            return ""
+        cut = len(text)
+        for s in self.stops:
+            at = text.find(s, max(0, self.sent - len(s) + 1))
+            if at >= 0 and at < cut:
+                cut, self.hit = at, True
+        if not self.hit:
+            hold = max((len(s) - 1 for s in self.stops), default=0)
+            for n in range(min(hold, len(text) - self.sent), 0, -1):
+                if any(s.startswith(text[-n:]) for s in self.stops):
+                    cut = len(text) - n
+                    break
+        delta = text[self.sent : cut] if cut > self.sent else ""
+        self.sent = max(self.sent, cut)
+        return delta
+
+    def flush(self) -> str:
+        if self.hit:
+            return ""
+        text = self.decode(self.ids)
+        delta = text[self.sent :]
+        self.sent = len(text)
+        return delta
+
+
+class Worker:
+    """Owns the engines; runs jobs one at a time from a bounded queue."""
+
+    def __init__(
+        self,
+        speculative: SpeculativeEngine,
+        plain: SpeculativeEngine,
+        decode: Callable[[list[int]], str],
+        *,
+        max_queue: int,
+        metrics: Metrics,
+    ) -> None:
+        self.engines = {True: speculative, False: plain}
+        self.decode = decode
+        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.metrics = metrics
+        self.accepting = True
+        self.busy = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dspark-worker", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ submit / stop
+    def submit(self, job: Job) -> None:
+        if not self.accepting:
+            raise ShuttingDownError
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            self.metrics.inc("dspark:requests_rejected_total")
+            raise QueueFullError from None
+        self.metrics.set("dspark:num_requests_waiting", self.queue.qsize())
+
+    def shutdown(self, grace_seconds: float) -> None:
+        """Stop taking requests; let queued and running ones finish within the grace period,
+        then cut the rest short (they end with finish_reason "abort")."""
+        self.accepting = False
+        deadline = time.monotonic() + grace_seconds
+        while (self.busy.is_set() or not self.queue.empty()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while True:
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.emit(("error", "the server is shutting down"))
+        self._current_cancel()
+        self.queue.put(None)
+        self._thread.join(timeout=30)
+
+    def _current_cancel(self) -> None:
+        job = getattr(self, "_job", None)
+        if job is not None:
+            job.cancelled.set()
+
+    # ------------------------------------------------------------------ the loop
+    def _run(self) -> None:
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            self.metrics.set("dspark:num_requests_waiting", self.queue.qsize())
+            if job.cancelled.is_set():
+                continue
+            self._job = job
+            self.busy.set()
+            self.metrics.set("dspark:num_requests_running", 1)
+            try:
+                self._serve(job)
+            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the worker
+                job.emit(("error", f"{type(exc).__name__}: {exc}"))
+                self.metrics.inc("dspark:request_errors_total")
+            finally:
+                self._job = None
+                self.busy.clear()
+                self.metrics.set("dspark:num_requests_running", 0)
+
+    def _serve(self, job: Job) -> None:
+        engine = self.engines[job.speculative]
+        text = StopStrings(self.decode, job.stop)
+        emitted: list[int] = []
+        reason = {"value": None}
+
+        def on_tokens(new: list[int]) -> bool:
+            emitted.extend(new)
+            delta = text.push(new)
+            job.emit(("tokens", new, delta))
+            if text.hit:
+                reason["value"] = "stop"
+                return True
+            if job.cancelled.is_set():
+                reason["value"] = "abort"
+                return True
+            if time.monotonic() > job.deadline:
+                reason["value"] = "timeout"
+                return True
+            return False
+
+        generator = None
+        if job.seed is not None:
+            generator = torch.Generator(device=engine.target.device).manual_seed(job.seed)
+        started = time.monotonic()
+        result: GenerationResult = engine.generate(
+            job.prompt_ids, max_new_tokens=job.max_tokens, params=job.params, generator=generator, on_tokens=on_tokens
+        )
+        tail = text.flush()
+        if tail:
+            job.emit(("tokens", [], tail))
+        finish = reason["value"]
+        if finish is None:
+            stops = engine.target.stop_token_ids()
+            finish = "stop" if result.tokens and result.tokens[-1] in stops else "length"
+        self.metrics.observe_request(job, result, time.monotonic() - started, started - job.enqueued_at, finish)
+        job.emit(("done", {"finish_reason": finish, "result": result}))

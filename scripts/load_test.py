@@ -1,0 +1,184 @@
+"""A bounded load test of `dspark serve` on loopback; stops by itself.
+
+For each mode (DSpark speculative decoding, plain decoding) it starts a server, then runs
+64 greedy chat requests at 1, 4 and 16 concurrent clients. The 1-client pass is the
+sequential reference; every output at 4 and 16 clients must equal it. Reports errors, p50 /
+p95 latency and total tok/s per level, and writes JSON (with provenance) and markdown:
+
+    .venv/bin/python scripts/load_test.py [--target DIR] [--draft DIR] [--requests 64] [--max-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args, k: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [
+        str(REPO / ".venv" / "bin" / "dspark"),
+        "serve",
+        "--port",
+        str(port),
+        "--num-speculative-tokens",
+        str(k),
+        "--max-concurrency",
+        str(max(args.levels) + 4),
+    ]
+    if args.target:
+        cmd += ["--target", args.target]
+    if args.draft:
+        cmd += ["--draft", args.draft]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("server did not start in 5 minutes")
+
+
+def one(base: str, prompt: str, max_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    try:
+        r = httpx.post(
+            f"{base}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0},
+            timeout=1800,
+        )
+    except httpx.HTTPError as exc:
+        return {"error": repr(exc), "latency": time.perf_counter() - t0}
+    latency = time.perf_counter() - t0
+    if r.status_code != 200:
+        return {"error": f"HTTP {r.status_code}: {r.text[:200]}", "latency": latency}
+    body = r.json()
+    return {
+        "text": body["choices"][0]["message"]["content"],
+        "tokens": body["usage"]["completion_tokens"],
+        "accept_len": body["spec_decode"]["accept_len"],
+        "latency": latency,
+    }
+
+
+def run_level(base: str, prompts: list[str], clients: int, max_tokens: int) -> tuple[list[dict], float]:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        results = list(pool.map(lambda p: one(base, p, max_tokens), prompts))
+    return results, time.perf_counter() - t0
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target")
+    parser.add_argument("--draft")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
+    parser.add_argument("--k", type=int, default=7)
+    parser.add_argument("--out", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.json"))
+    parser.add_argument("--markdown", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.md"))
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(REPO))
+    from dspark.bench.datasets import load_prompts
+    from dspark.bench.provenance import provenance
+
+    half = args.requests // 2
+    prompts = load_prompts("gsm8k", half) + load_prompts("humaneval", args.requests - half)
+    rows, failures = [], 0
+    for label, k in (("dspark", args.k), ("plain", 0)):
+        proc, base = start(args, k)
+        try:
+            reference = None
+            for clients in args.levels:
+                results, wall = run_level(base, prompts, clients, args.max_tokens)
+                errors = [r["error"] for r in results if "error" in r]
+                ok = [r for r in results if "error" not in r]
+                if reference is None:
+                    reference = [r.get("text") for r in results]
+                mismatches = sum(1 for r, ref in zip(results, reference, strict=True) if r.get("text") != ref)
+                failures += len(errors) + mismatches
+                lat = [r["latency"] for r in ok]
+                tokens = sum(r["tokens"] for r in ok)
+                row = {
+                    "mode": label,
+                    "num_speculative_tokens": k,
+                    "clients": clients,
+                    "requests": len(results),
+                    "errors": len(errors),
+                    "first_errors": errors[:3],
+                    "outputs_equal_to_sequential": len(results) - mismatches,
+                    "p50_latency_s": statistics.median(lat) if lat else None,
+                    "p95_latency_s": pct(lat, 0.95) if lat else None,
+                    "total_tokens": tokens,
+                    "wall_s": wall,
+                    "tokens_per_second": tokens / wall,
+                    "mean_accept_len": statistics.mean(r["accept_len"] for r in ok) if ok else None,
+                }
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+    result = {
+        "provenance": {**provenance(seed=0), "command": " ".join(sys.argv)},
+        "settings": {
+            "requests": args.requests,
+            "max_tokens": args.max_tokens,
+            "levels": args.levels,
+            "greedy": True,
+            "endpoint": "/v1/chat/completions",
+            "prompts": "gsm8k + humaneval, half each",
+        },
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    lines = [
+        "| mode | clients | requests | errors | outputs == sequential | p50 latency (s) | p95 latency (s) "
+        "| total tok/s | mean accept_len |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['mode']} (k={r['num_speculative_tokens']}) | {r['clients']} | {r['requests']} | {r['errors']} | "
+            f"{r['outputs_equal_to_sequential']}/{r['requests']} | {r['p50_latency_s']:.2f} | "
+            f"{r['p95_latency_s']:.2f} | "
+            f"{r['tokens_per_second']:.1f} | {r['mean_accept_len']:.2f} |"
+        )
+    Path(args.markdown).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

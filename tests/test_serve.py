@@ -1,0 +1,293 @@
+"""`dspark serve` on loopback with a tiny random Qwen3 and an untrained drafter: the official
+`openai` client, greedy identity with `dspark generate`, validation, back-pressure, a client
+that disconnects mid-stream, metrics, and graceful shutdown."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from dspark.cli import app
+from dspark.serve.worker import StopStrings
+
+runner = CliRunner()
+TEMPLATE = "{% for m in messages %}<eos>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<mask>{% endif %}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(target, draft, *extra) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "dspark.cli", "serve", "--target", str(target), "--port", str(port), *extra]
+    if draft is not None:
+        cmd += ["--draft", str(draft)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("server did not start")
+
+
+@pytest.fixture(scope="module")
+def chat_target(tiny_target_dirs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("serve") / "target"
+    shutil.copytree(tiny_target_dirs["qwen3"], out)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = TEMPLATE
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.fixture(scope="module")
+def draft(chat_target, tmp_path_factory):
+    out = tmp_path_factory.mktemp("serve") / "draft"
+    result = runner.invoke(app, ["init", "--target", str(chat_target), "--out", str(out), "--block-size", "4"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(chat_target, draft):
+    proc, base = start_server(chat_target, draft, "--num-speculative-tokens", "3", "--max-concurrency", "4")
+    yield base
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+
+
+def generate(target, draft, prompt, n, chat):
+    result = runner.invoke(
+        app,
+        [
+            "generate",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            str(n),
+            "--num-speculative-tokens",
+            "3",
+            "--json",
+            "--chat" if chat else "--no-chat",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)["text"]
+
+
+def test_openai_client_matches_dspark_generate(server, chat_target, draft):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused")
+    prompt = "def add(a, b):"
+    completion = client.completions.create(model="target", prompt=prompt, max_tokens=40, temperature=0)
+    expected_plain = generate(chat_target, draft, prompt, 40, chat=False)
+    assert completion.choices[0].text == expected_plain
+    spec = completion.model_extra["spec_decode"]
+    assert spec["num_speculative_tokens"] == 3 and spec["accept_len"] >= 1.0
+    streamed = client.completions.create(model="target", prompt=prompt, max_tokens=40, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == expected_plain
+
+    chat = client.chat.completions.create(
+        model="target", messages=[{"role": "user", "content": prompt}], max_tokens=40, temperature=0
+    )
+    expected_chat = generate(chat_target, draft, prompt, 40, chat=True)
+    assert chat.choices[0].message.content == expected_chat
+    stream = client.chat.completions.create(
+        model="target",
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        usage = chunk.usage or usage
+    assert "".join(pieces) == expected_chat
+    assert usage is not None and usage.completion_tokens >= 1
+
+    sampled = client.completions.create(model="target", prompt=prompt, max_tokens=20, temperature=0.8, seed=5)
+    again = client.completions.create(model="target", prompt=prompt, max_tokens=20, temperature=0.8, seed=5)
+    assert sampled.choices[0].text == again.choices[0].text  # seeded sampling is reproducible
+
+
+def test_models_health_and_metrics(server):
+    assert httpx.get(f"{server}/v1/models").json()["data"][0]["id"] == "target"
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"
+    httpx.post(f"{server}/v1/completions", json={"prompt": "x = 1", "max_tokens": 12, "temperature": 0}, timeout=60)
+    text = httpx.get(f"{server}/metrics").text
+    for name in (
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:generation_tokens_total",
+    ):
+        line = next(line for line in text.splitlines() if line.startswith(name))
+        assert float(line.split()[-1]) > 0, line
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="target",position="0"}' in text
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b"{not json", 400, "malformed JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (json.dumps({"prompt": "hi", "bogus": 1}).encode(), 400, "unknown field"),
+        (json.dumps({"prompt": "hi", "temperature": 3}).encode(), 400, "temperature"),
+        (json.dumps({"prompt": "hi", "top_p": 0}).encode(), 400, "top_p"),
+        (json.dumps({"prompt": "hi", "n": 2}).encode(), 400, "n=1"),
+        (json.dumps({"prompt": "hi", "max_tokens": 0}).encode(), 400, "max_tokens"),
+        (json.dumps({"prompt": "hi", "max_tokens": 5000}).encode(), 400, "context length"),
+        (json.dumps({"prompt": "word " * 600}).encode(), 400, "context"),
+        (json.dumps({"prompt": [999999]}).encode(), 400, "token ids"),
+        (json.dumps({"prompt": "hi", "model": "other"}).encode(), 404, "does not exist"),
+        (json.dumps({"max_tokens": 3}).encode(), 400, "prompt"),
+    ],
+)
+def test_bad_requests_get_4xx_and_the_server_stays_up(server, body, status, words):
+    r = httpx.post(f"{server}/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert words in r.json()["error"]["message"]
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
+def test_chat_validation(server):
+    r = httpx.post(f"{server}/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400
+    r = httpx.post(f"{server}/v1/chat/completions", json={"messages": [{"role": "robot", "content": "x"}]})
+    assert r.status_code == 400 and "role" in r.json()["error"]["message"]
+
+
+def test_faults_do_not_disturb_other_clients(server):
+    prompts = [f"def f{i}(x):" for i in range(3)]
+    expected = [
+        httpx.post(
+            f"{server}/v1/completions", json={"prompt": p, "max_tokens": 60, "temperature": 0}, timeout=120
+        ).json()["choices"][0]["text"]
+        for p in prompts
+    ]
+    # 1) a client that reads two chunks of a long stream and hangs up
+    with httpx.stream(
+        "POST",
+        f"{server}/v1/completions",
+        timeout=60,
+        json={"prompt": "def long(x):", "max_tokens": 400, "temperature": 0, "stream": True, "stop": ["never-appears"]},
+    ) as r:
+        chunks = r.iter_lines()
+        next(chunks)
+        next(chunks)
+    # 2) a flood beyond the bound of 4, alongside correct clients and a malformed request
+    statuses, answers = [], {}
+
+    def flood():
+        try:
+            r = httpx.post(
+                f"{server}/v1/completions", json={"prompt": "z", "max_tokens": 200, "temperature": 0}, timeout=120
+            )
+            statuses.append(r.status_code)
+        except httpx.HTTPError as exc:  # pragma: no cover - reported below
+            statuses.append(repr(exc))
+
+    def good(i):
+        for _ in range(40):  # retry on 429, as a well-behaved client does
+            r = httpx.post(
+                f"{server}/v1/completions", json={"prompt": prompts[i], "max_tokens": 60, "temperature": 0}, timeout=120
+            )
+            if r.status_code != 429:
+                answers[i] = (r.status_code, r.json()["choices"][0]["text"] if r.status_code == 200 else r.text)
+                return
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=flood) for _ in range(12)] + [
+        threading.Thread(target=good, args=(i,)) for i in range(3)
+    ]
+    for t in threads:
+        t.start()
+    bad = httpx.post(f"{server}/v1/completions", content=b"{", headers={"content-type": "application/json"})
+    for t in threads:
+        t.join(timeout=180)
+    assert bad.status_code == 400
+    assert 429 in statuses, statuses  # back-pressure happened
+    assert set(statuses) <= {200, 429}, statuses
+    assert answers == {i: (200, expected[i]) for i in range(3)}
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
+def test_stop_strings_are_cut_and_never_leak():
+    vocab = {1: "ab", 2: "c", 3: "STO", 4: "P!", 5: "x"}
+
+    def decode(ids):
+        return "".join(vocab[i] for i in ids)
+
+    s = StopStrings(decode, ["STOP"])
+    out = s.push([1]) + s.push([2]) + s.push([3])
+    assert out == "abc"  # "STO" is held back: it may begin the stop
+    out += s.push([4])
+    assert out == "abc" and s.hit
+    s = StopStrings(decode, ["STOP"])
+    assert s.push([3]) + s.push([5]) + s.flush() == "STOx"
+
+
+def test_graceful_shutdown_finishes_the_request_in_flight(chat_target, draft):
+    proc, base = start_server(chat_target, draft, "--num-speculative-tokens", "3", "--shutdown-grace", "30")
+    result = {}
+
+    def slow():
+        r = httpx.post(
+            f"{base}/v1/completions",
+            json={"prompt": "def g(x):", "max_tokens": 300, "temperature": 0, "stop": ["never-appears"]},
+            timeout=120,
+        )
+        result["status"] = r.status_code
+        result["tokens"] = r.json()["usage"]["completion_tokens"] if r.status_code == 200 else None
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    t.join(timeout=120)
+    assert proc.wait(timeout=60) == 0
+    assert result["status"] == 200 and result["tokens"] >= 1
+
+
+def test_vllm_handoff(chat_target, draft, tmp_path):
+    out = tmp_path / "spec"
+    assert runner.invoke(app, ["export", str(draft), "--format", "speculators", "--out", str(out)]).exit_code == 0
+    result = runner.invoke(
+        app, ["vllm-config", str(out), "--target", str(chat_target), "--json", "--num-speculative-tokens", "4"]
+    )
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["speculative_config"] == {"model": str(out.resolve()), "num_speculative_tokens": 4, "method": "dspark"}
+    assert info["command"].startswith("vllm serve ")
+    too_many = runner.invoke(
+        app, ["vllm-config", str(out), "--target", str(chat_target), "--num-speculative-tokens", "9"]
+    )
+    assert too_many.exit_code == 2 and "drafts per block" in too_many.output
