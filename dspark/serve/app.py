@@ -6,9 +6,11 @@
 request, 429 when the queue is full, 503 while shutting down, 504 when a request waited past
 its time-out. Every response carries the request's speculative-decoding figures in an extra
 ``spec_decode`` object (OpenAI clients expose it as ``response.model_extra``).
+
+(No ``from __future__ import annotations`` here: FastAPI must resolve the ``Request``
+annotations of handlers defined inside `create_app` at runtime.)
 """
 
-from __future__ import annotations
 
 import asyncio
 import json
