@@ -180,8 +180,8 @@ def from_speculators_dict(
         raise ConfigError(f"{source}: mask_token_id is missing (DFlash drafting needs it)")
     if "sample_from_anchor" not in data:
         raise ConfigError(
-            f"{source}: sample_from_anchor is missing; engines disagree on its default (vLLM assumes true, "
-            "llama.cpp's converter false), so it must be stated"
+            f"{source}: sample_from_anchor is missing; its default differs between tools (speculators: true, "
+            "vLLM 0.32's loader and llama.cpp's converter: false), so it must be stated"
         )
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
         if layer.get(key) is None:
