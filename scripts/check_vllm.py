@@ -139,6 +139,7 @@ def main() -> None:
     from dspark.defaults import cache_root, resolve_target
     from dspark.serve.vllm import vllm_handoff
     from dspark.target import TargetModel
+    from dspark.training.datagen import encode_prompt
 
     torch.set_num_threads(2)
     cache = cache_root()
@@ -176,8 +177,7 @@ def main() -> None:
     ours_spec = make_engine(target, make_drafter("dspark", target, draft_dir=args.draft), args.k)
     ours = []
     for p in prompts:
-        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        ids = encode_prompt(tok, p)
         r0 = ours_plain.generate(ids, max_new_tokens=args.max_tokens)
         r1 = ours_spec.generate(ids, max_new_tokens=args.max_tokens)
         ours.append(

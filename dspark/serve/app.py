@@ -23,6 +23,7 @@ from dspark.decoding.sampling import SamplingParams
 from dspark.serve.metrics import Metrics
 from dspark.serve.protocol import ChatCompletionRequest, CompletionRequest
 from dspark.serve.worker import Job, QueueFullError, ShuttingDownError, Worker
+from dspark.training.datagen import encode_prompt
 
 
 @dataclass
@@ -284,10 +285,7 @@ def create_app(worker: Worker, tokenizer, metrics: Metrics, config: ServerConfig
         if not getattr(tokenizer, "chat_template", None):
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions")
         messages = [{"role": m.role, "content": m.content} for m in req.messages]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        job = make_job(req, list(ids), req.token_budget)
+        job = make_job(req, encode_prompt(tokenizer, messages), req.token_budget)
         submit(job)
         return await respond(req, job, request, chat=True)
 

@@ -44,7 +44,6 @@ class Metrics:
             self.counters[(name.removesuffix("_total"), tuple(sorted(labels.items())))] += value
 
     def set(self, name: str, value: float) -> None:
-        name = name.replace("dspark:num_requests", "vllm:num_requests")
         with self.lock:
             self.gauges[name] = float(value)
 

@@ -120,7 +120,7 @@ class Worker:
         except queue.Full:
             self.metrics.inc("dspark:requests_rejected_total")
             raise QueueFullError from None
-        self.metrics.set("dspark:num_requests_waiting", self.queue.qsize())
+        self.metrics.set("vllm:num_requests_waiting", self.queue.qsize())
 
     def shutdown(self, grace_seconds: float) -> None:
         """Stop taking requests; let queued and running ones finish within the grace period,
@@ -151,12 +151,12 @@ class Worker:
             job = self.queue.get()
             if job is None:
                 return
-            self.metrics.set("dspark:num_requests_waiting", self.queue.qsize())
+            self.metrics.set("vllm:num_requests_waiting", self.queue.qsize())
             if job.cancelled.is_set():
                 continue
             self._job = job
             self.busy.set()
-            self.metrics.set("dspark:num_requests_running", 1)
+            self.metrics.set("vllm:num_requests_running", 1)
             try:
                 self._serve(job)
             except Exception as exc:  # noqa: BLE001 - one bad request must not stop the worker
@@ -165,7 +165,7 @@ class Worker:
             finally:
                 self._job = None
                 self.busy.clear()
-                self.metrics.set("dspark:num_requests_running", 0)
+                self.metrics.set("vllm:num_requests_running", 0)
 
     def _serve(self, job: Job) -> None:
         engine = self.engines[job.speculative]
