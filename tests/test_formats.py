@@ -308,11 +308,11 @@ def test_damaged_inputs_give_clear_errors(qwen3, tiny_target_dirs, tmp_path):
     assert "markov_head.markov_w2.weight has shape" in _inspect(tmp_path / "shape")
     # unknown architecture
     data = json.loads((tmp_path / "ok" / "config.json").read_text())
-    data["speculators_model_type"] = "eagle3"
+    data["speculators_model_type"] = "medusa"
     (tmp_path / "arch").mkdir()
     (tmp_path / "arch" / "config.json").write_text(json.dumps(data))
     (tmp_path / "arch" / WEIGHTS_NAME).write_bytes((tmp_path / "ok" / WEIGHTS_NAME).read_bytes())
-    assert "eagle3" in _inspect(tmp_path / "arch")
+    assert "medusa" in _inspect(tmp_path / "arch")
     # mask token outside the target vocab
     data = json.loads((tmp_path / "ok" / "config.json").read_text())
     data["mask_token_id"] = 10**6

@@ -196,3 +196,35 @@ def test_ray_source_gives_the_same_loss_curve(tiny_targets, tiny_target_dirs, da
         torch.testing.assert_close(torch.tensor(run("ray", tmp_path / "r")), torch.tensor(run("local", tmp_path / "l")))
     finally:
         ray.shutdown()
+
+
+def test_eagle3_peer_trains_with_the_same_pipeline(tiny_targets, data, tmp_path):
+    """The EAGLE-3 peer goes through the same trainer, data and loss, and learns to draft."""
+    from dspark.decoding import Eagle3Drafter
+    from dspark.model.checkpoint import load_drafter
+    from dspark.model.eagle3 import Eagle3Config
+    from dspark.model.pairing import config_for_target, init_drafter
+
+    target = tiny_targets["qwen3"]
+    config = Eagle3Config.like(config_for_target(target), speculative_steps=7)
+    model = init_drafter(target, config)
+    aux = config.aux_hidden_state_layer_ids
+    target.set_aux_layers(aux)
+    prompt = target.tokenizer("the answer for")["input_ids"]
+
+    def decode(m):
+        target.set_aux_layers(aux)  # the in-process source captures more layers while training
+        drafter = Eagle3Drafter(m, target_vocab_size=target.vocab_size)
+        return SpeculativeEngine(target, drafter, num_speculative_tokens=7).generate(
+            prompt, max_new_tokens=48, stop_token_ids=set()
+        )
+
+    before = decode(model)
+    source = InProcessSource(target, load_examples(data), aux, seed=0)
+    Trainer(model, source, TrainConfig(steps=200, **CFG), tmp_path, progress=False).train()
+    after = decode(load_drafter(tmp_path / "final"))
+    plain = SpeculativeEngine(target).generate(prompt, max_new_tokens=48, stop_token_ids=set())
+    assert after.tokens == plain.tokens
+    assert after.accept_len > before.accept_len + 0.5, (before.accept_len, after.accept_len)
+    first = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert first[-1]["loss"] < first[0]["loss"]

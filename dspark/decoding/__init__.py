@@ -1,6 +1,6 @@
 """Propose -> verify -> accept: the drafters, the verifiers and the engine."""
 
-from dspark.decoding.drafters import Drafter, DSparkDrafter, NgramDrafter, Proposal
+from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, NgramDrafter, Proposal
 from dspark.decoding.engine import GenerationResult, SpeculativeEngine
 from dspark.decoding.sampling import SamplingParams
 from dspark.decoding.verify import Verdict, verify_greedy, verify_sampling
@@ -8,6 +8,7 @@ from dspark.decoding.verify import Verdict, verify_greedy, verify_sampling
 __all__ = [
     "DSparkDrafter",
     "Drafter",
+    "Eagle3Drafter",
     "GenerationResult",
     "NgramDrafter",
     "Proposal",

@@ -208,3 +208,104 @@ class DSparkDrafter:
         self.timings["backbone"] += t1 - t0
         self.timings["heads"] += time.perf_counter() - t1
         return Proposal(tokens=out, probs=probs, confidence=confidence)
+
+
+class Eagle3Drafter:
+    """Chain drafting with an EAGLE-3 model: one layer forward per drafted token.
+
+    Its cache holds the layer's keys/values of real pairs (target feature of t-1, token t)
+    only; the feature of the last verified token waits (``pending``) until its next token,
+    the anchor, is known. Drafted steps are never cached: they are recomputed per step.
+    """
+
+    needs_aux_hidden = True
+    name = "eagle3"
+
+    def __init__(self, model, *, target_vocab_size: int) -> None:
+        self.model = model.eval()
+        self.config = model.config
+        self.target_vocab_size = target_vocab_size
+        self._draft_to_target = model.draft_to_target
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self._pending: torch.Tensor | None = None
+        self._next_pos = 0  # absolute position of the next token to pair
+        self.timings = {"context": 0.0, "backbone": 0.0, "heads": 0.0}
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.config.speculative_steps
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.fc.weight.device
+
+    @torch.inference_mode()
+    def _add_pairs(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Cache real pairs (features[i], tokens[i]) at positions next_pos.. ."""
+        t0 = time.perf_counter()
+        n = tokens.shape[0]
+        if n:
+            model, layer = self.model, self.model.layer
+            positions = torch.arange(self._next_pos, self._next_pos + n, device=self.device)
+            x = layer.attn_input(model.embed(tokens.to(self.device)), model.project(features.to(self.device)))
+            _, k, v = layer.self_attn.qkv(x, positions)
+            self._k = k if self._k is None else torch.cat([self._k, k], dim=1)
+            self._v = v if self._v is None else torch.cat([self._v, v], dim=1)
+        self._next_pos += n
+        self.timings["context"] += time.perf_counter() - t0
+
+    def begin(self, prompt_ids: torch.Tensor, prompt_aux: torch.Tensor | None) -> None:
+        if prompt_aux is None:
+            raise ValueError("Eagle3Drafter needs the target's aux hidden states")
+        if prompt_aux.shape[-1] != self.model.fc.in_features:
+            raise ValueError(
+                f"target aux hidden states are {prompt_aux.shape[-1]} wide, the drafter's fc takes "
+                f"{self.model.fc.in_features}: call target.set_aux_layers("
+                f"{list(self.config.aux_hidden_state_layer_ids)}) first"
+            )
+        self._k = self._v = None
+        self._next_pos = 1
+        self._add_pairs(prompt_aux[:-1], prompt_ids[1:])
+        self._pending = prompt_aux[-1:]
+
+    def accept(self, token_ids: torch.Tensor, aux: torch.Tensor | None) -> None:
+        if aux is None or aux.shape[0] != token_ids.shape[0]:
+            raise ValueError("accept() needs one aux hidden row per accepted token")
+        self._add_pairs(torch.cat([self._pending, aux[:-1]]), token_ids)
+        self._pending = aux[-1:]
+
+    @torch.inference_mode()
+    def propose(self, anchor: int, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        k = min(k, self.config.speculative_steps)
+        if k <= 0:
+            return Proposal.empty(self.device)
+        t0 = time.perf_counter()
+        model, layer = self.model, self.model.layer
+        attn = layer.self_attn
+        hidden = model.project(self._pending.to(self.device))  # [1, H]
+        token = torch.tensor([anchor], device=self.device)
+        keys, values = self._k, self._v
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for j in range(k):
+            x = layer.attn_input(model.embed(token), hidden)
+            q, kj, vj = attn.qkv(x, torch.tensor([self._next_pos + j], device=self.device))
+            keys = kj if keys is None else torch.cat([keys, kj], dim=1)
+            values = vj if values is None else torch.cat([values, vj], dim=1)
+            hidden = layer.finish(model.attend(q, keys, values), hidden)
+            logits = model.logits(hidden)[0]
+            if params.greedy:
+                draft_id = int(torch.argmax(logits))
+            else:
+                q_row = probabilities(logits, params)
+                draft_id = int(torch.multinomial(q_row, 1, generator=generator).item())
+                rows.append(q_row)
+            tokens.append(int(self._draft_to_target[draft_id]))
+            token = torch.tensor([tokens[-1]], device=self.device)
+        probs = None
+        if not params.greedy:
+            probs = torch.zeros(len(tokens), self.target_vocab_size, device=self.device)
+            probs[:, self._draft_to_target] = torch.stack(rows)
+        self.timings["backbone"] += time.perf_counter() - t0
+        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long, device=self.device), probs=probs)

@@ -1,4 +1,4 @@
-"""Build an engine for a named method: baseline, ngram, or a drafter checkpoint (dspark/dflash)."""
+"""Build an engine for a named method: baseline, ngram, or a drafter checkpoint (dspark/dflash/eagle3)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ from pathlib import Path
 
 import torch
 
-from dspark.decoding.drafters import Drafter, DSparkDrafter, NgramDrafter
+from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, NgramDrafter
 from dspark.decoding.engine import SpeculativeEngine
 from dspark.errors import DSparkError
 from dspark.model.checkpoint import load_drafter
 from dspark.model.pairing import check_fits
 from dspark.target.adapter import TargetModel
 
-METHODS = ("baseline", "ngram", "dspark")
+METHODS = ("baseline", "ngram", "dspark", "dflash", "eagle3")
 
 
 def make_drafter(
@@ -28,7 +28,7 @@ def make_drafter(
         return None
     if method == "ngram":
         return NgramDrafter(target.vocab_size)
-    if method in ("dspark", "dflash"):
+    if method in ("dspark", "dflash", "eagle3"):
         if draft_dir is None:
             raise DSparkError(f"method {method!r} needs a drafter directory (--draft)")
         if Path(draft_dir).suffix == ".gguf":  # a llama.cpp draft, dequantised: measure a quantised drafter
@@ -51,6 +51,12 @@ def make_drafter(
             )
         check_fits(model.config, target)
         target.set_aux_layers(model.config.aux_hidden_state_layer_ids)
+        if (model.config.method == "eagle3") != (method == "eagle3"):
+            raise DSparkError(f"{draft_dir}: holds a {model.config.method} drafter, not a {method} one")
+        if method == "eagle3":
+            if confidence_threshold is not None:
+                raise DSparkError("--confidence-threshold needs a drafter with a confidence head (eagle3 has none)")
+            return Eagle3Drafter(model, target_vocab_size=target.vocab_size)
         try:
             return DSparkDrafter(model, target_vocab_size=target.vocab_size, confidence_threshold=confidence_threshold)
         except ValueError as exc:

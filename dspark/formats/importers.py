@@ -132,9 +132,7 @@ def import_drafter(
         else:
             if "speculators_model_type" in data:
                 raise ConfigError(f"{config_path}: this is a speculators checkpoint; use --from speculators")
-            config = _flat_config(
-                data, state, kind=kind, source=str(config_path), num_target_layers=num_target_layers
-            )
+            config = _flat_config(data, state, kind=kind, source=str(config_path), num_target_layers=num_target_layers)
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
     if kind == "dflash":

@@ -158,9 +158,7 @@ def from_speculators_dict(
     under ``"dspark"``); it comes from the target the drafter will run with."""
     kind = data.get("speculators_model_type")
     if kind not in ("dspark", "dflash"):
-        raise ConfigError(
-            f"{source}: speculators_model_type {kind!r} is not supported (expected 'dspark' or 'dflash')"
-        )
+        raise ConfigError(f"{source}: speculators_model_type {kind!r} is not supported (expected 'dspark', 'dflash' or 'eagle3')")
     layer = data.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise ConfigError(f"{source}: transformer_layer_config is missing or not an object")
@@ -190,9 +188,9 @@ def from_speculators_dict(
         raise ConfigError(f"{source}: attention_bias=true is not supported (Qwen3 layers have none)")
     if layer.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"{source}: hidden_act {layer.get('hidden_act')!r} is not supported (only silu)")
-    if data.get("sliding_window_non_causal") or (layer.get("layer_types") and any(
-        t != "full_attention" for t in layer["layer_types"]
-    )):
+    if data.get("sliding_window_non_causal") or (
+        layer.get("layer_types") and any(t != "full_attention" for t in layer["layer_types"])
+    ):
         raise ConfigError(f"{source}: sliding-window draft layers are not supported")
     hidden = int(layer["hidden_size"])
     heads = int(layer["num_attention_heads"])
@@ -247,18 +245,123 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_config(directory: str | Path, *, num_target_layers: int | None = None) -> DSparkConfig:
-    """The drafter config of ``directory``: speculators ``config.json``, or our older
-    ``dspark_config.json``."""
+def eagle3_to_speculators_dict(config) -> dict[str, Any]:
+    """The speculators ``eagle3`` config.json of an `Eagle3Config` (Llama decoder layer)."""
+    verifier = config.extra.get("target")
+    architectures = config.extra.get("target_architecture")
+    extra = {k: v for k, v in config.extra.items() if k not in ("target", "target_architecture")}
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": {
+            "model_type": "llama",
+            "vocab_size": config.target_vocab_size,
+            "hidden_size": config.hidden_size,
+            "intermediate_size": config.intermediate_size,
+            "num_hidden_layers": 1,
+            "num_attention_heads": config.num_attention_heads,
+            "num_key_value_heads": config.num_key_value_heads,
+            "head_dim": config.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": config.max_position_embeddings,
+            "rms_norm_eps": config.rms_norm_eps,
+            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+        },
+        "draft_vocab_size": config.draft_vocab_size,
+        "norm_before_residual": False,
+        "target_hidden_size": config.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(config.aux_hidden_state_layer_ids),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": config.speculative_steps,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": [architectures] if architectures else []},
+        },
+        "dspark": {
+            "num_target_layers": config.num_target_layers,
+            "aux_layer_id_convention": LAYER_ID_CONVENTION,
+            "extra": extra,
+        },
+    }
+
+
+def eagle3_from_speculators_dict(data: dict[str, Any], *, source: str, num_target_layers: int | None = None):
+    from dspark.model.eagle3 import Eagle3Config
+
+    layer = data.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ConfigError(f"{source}: transformer_layer_config is missing or not an object")
+    ours = data.get("dspark") or {}
+    n_target = ours.get("num_target_layers", num_target_layers)
+    if n_target is None:
+        raise ConfigError(f"{source}: does not say how many layers the target has; pass the target (--target DIR)")
+    for key in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids"):
+        if data.get(key) is None:
+            raise ConfigError(f"{source}: required field {key!r} is missing")
+    for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+        if data.get(flag):
+            raise ConfigError(f"{source}: {flag}=true is not supported")
+    if layer.get("model_type", "llama") != "llama" or layer.get("attention_bias") or layer.get("mlp_bias"):
+        raise ConfigError(f"{source}: only Llama-style eagle3 layers without biases are supported")
+    if int(layer.get("num_hidden_layers", 1)) != 1:
+        raise ConfigError(f"{source}: only one eagle3 decoder layer is supported")
+    hidden, heads = int(layer["hidden_size"]), int(layer["num_attention_heads"])
+    methods = (data.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    extra = dict(ours.get("extra") or {})
+    verifier = (data.get("speculators_config") or {}).get("verifier") or {}
+    if verifier.get("name_or_path"):
+        extra["target"] = verifier["name_or_path"]
+    if verifier.get("architectures"):
+        extra["target_architecture"] = verifier["architectures"][0]
+    try:
+        return Eagle3Config(
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
+            head_dim=int(layer.get("head_dim") or hidden // heads),
+            intermediate_size=int(layer["intermediate_size"]),
+            draft_vocab_size=int(data["draft_vocab_size"]),
+            target_vocab_size=int(layer["vocab_size"]),
+            target_hidden_size=int(data.get("target_hidden_size") or hidden),
+            aux_hidden_state_layer_ids=tuple(int(i) for i in data["eagle_aux_hidden_state_layer_ids"]),
+            num_target_layers=int(n_target),
+            speculative_steps=int(methods[0].get("speculative_tokens", 7)),
+            rope_theta=_rope_theta(layer, source),
+            rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(layer.get("max_position_embeddings", 32768)),
+            extra=extra,
+        )
+    except (ConfigError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_config(directory: str | Path, *, num_target_layers: int | None = None):
+    """The drafter config of ``directory``: speculators ``config.json`` (dspark, dflash or
+    eagle3), or our older ``dspark_config.json``."""
     src = Path(directory)
     path = src / CONFIG_NAME
     if path.is_file():
-        return from_speculators_dict(read_json(path), source=str(path), num_target_layers=num_target_layers)
+        data = read_json(path)
+        if data.get("speculators_model_type") == "eagle3":
+            return eagle3_from_speculators_dict(data, source=str(path), num_target_layers=num_target_layers)
+        return from_speculators_dict(data, source=str(path), num_target_layers=num_target_layers)
     legacy = src / LEGACY_CONFIG_NAME
     if legacy.is_file():
         return DSparkConfig.from_dict(read_json(legacy), source=str(legacy))
     raise ConfigError(f"{src}: no drafter config (expected {CONFIG_NAME}, speculators format)")
 
 
-def config_json_text(config: DSparkConfig) -> str:
-    return json.dumps(to_speculators_dict(config), indent=2) + "\n"
+def config_json_text(config) -> str:
+    data = eagle3_to_speculators_dict(config) if config.method == "eagle3" else to_speculators_dict(config)
+    return json.dumps(data, indent=2) + "\n"

@@ -114,6 +114,14 @@ def _frozen_from_target(
     state[name] = tensor.detach().to("cpu", torch.float32)
 
 
+def _model_class(config):
+    if config.method == "eagle3":
+        from dspark.model.eagle3 import Eagle3DraftModel
+
+        return Eagle3DraftModel
+    return DSparkDraftModel
+
+
 def build_drafter(
     config: DSparkConfig,
     state: dict[str, torch.Tensor],
@@ -136,8 +144,9 @@ def build_drafter(
             state["d2t"], state["t2d"] = identity_mapping(config.target_vocab_size)
         if "lm_head.weight" not in state:
             _frozen_from_target(state, "lm_head.weight", target_lm_head, vocab_shape, source)
+    model_class = _model_class(config)
     with torch.device("meta"):
-        reference = DSparkDraftModel(config)
+        reference = model_class(config)
     expected = dict(reference.state_dict())
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -152,13 +161,11 @@ def build_drafter(
             raise CheckpointError(
                 f"{source}: tensor {name} has shape {tuple(state[name].shape)}, the config implies {tuple(ref.shape)}"
             )
-    validate_vocab_mapping(
-        state["d2t"], state["t2d"], config.draft_vocab_size, config.target_vocab_size, source=source
-    )
+    validate_vocab_mapping(state["d2t"], state["t2d"], config.draft_vocab_size, config.target_vocab_size, source=source)
     for name, t in state.items():
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise CheckpointError(f"{source}: tensor {name} contains NaN or Inf")
-    model = DSparkDraftModel(config)
+    model = model_class(config)
     model.load_state_dict(state, strict=True)
     if dtype is not None:
         model.to(dtype=dtype)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.model.config import DSparkConfig
+from dspark.model.vocab import TargetTiedVocab
 
 
 class RMSNorm(nn.Module):
@@ -197,7 +198,7 @@ class ConfidenceHead(nn.Module):
         return self.proj(features).squeeze(-1)
 
 
-class DSparkDraftModel(nn.Module):
+class DSparkDraftModel(TargetTiedVocab, nn.Module):
     """DSpark drafter. Build with a `DSparkConfig`; weights via `dspark.model.checkpoint`."""
 
     def __init__(self, config: DSparkConfig) -> None:
@@ -234,19 +235,6 @@ class DSparkDraftModel(nn.Module):
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
 
-    # ------------------------------------------------------------------ vocab
-    @property
-    def draft_to_target(self) -> torch.Tensor:
-        """Absolute target id of every draft id, [V_d] int64."""
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
-
-    def set_vocab_mapping(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        from dspark.model.vocab import validate_vocab_mapping
-
-        validate_vocab_mapping(d2t, t2d, self.config.draft_vocab_size, self.config.target_vocab_size)
-        self.d2t.copy_(d2t.to(torch.long))
-        self.t2d.copy_(t2d.to(torch.bool))
-
     # ------------------------------------------------------------------ inference pieces
     def project_context(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """Target features [..., T, m·H_t] -> drafter context [..., T, H] (fc + hidden_norm)."""
@@ -275,10 +263,6 @@ class DSparkDraftModel(nn.Module):
         block[:, 0] = anchor
         return block
 
-    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Backbone hidden [..., H] -> draft-vocab logits U [..., V_d] in fp32."""
-        return self.lm_head(hidden).float()
-
     def confidence_logit(self, hidden: torch.Tensor, prev_emb: torch.Tensor | None) -> torch.Tensor:
         assert self.confidence_head is not None
         if self.config.confidence_head_with_markov:
@@ -288,21 +272,3 @@ class DSparkDraftModel(nn.Module):
 
     def prev_embedding(self, prev_ids: torch.Tensor) -> torch.Tensor | None:
         return None if self.markov_head is None else self.markov_head.markov_w1(prev_ids)
-
-    # ------------------------------------------------------------------ init from a target
-    @torch.no_grad()
-    def copy_target_weights(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
-        """Copy the target's embedding [V, H] and its lm_head rows picked by t2d (ascending ids)."""
-        cfg = self.config
-        if tuple(embed_weight.shape) != (cfg.target_vocab_size, cfg.hidden_size):
-            raise ValueError(
-                f"target embedding has shape {tuple(embed_weight.shape)}, drafter expects "
-                f"({cfg.target_vocab_size}, {cfg.hidden_size})"
-            )
-        if tuple(lm_head_weight.shape) != (cfg.target_vocab_size, cfg.hidden_size):
-            raise ValueError(
-                f"target lm_head has shape {tuple(lm_head_weight.shape)}, drafter expects "
-                f"({cfg.target_vocab_size}, {cfg.hidden_size})"
-            )
-        self.embed_tokens.weight.copy_(embed_weight)
-        self.lm_head.weight.copy_(lm_head_weight[self.draft_to_target.to(lm_head_weight.device)])

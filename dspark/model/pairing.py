@@ -96,7 +96,12 @@ def init_drafter(
     ``vocab`` = (d2t, t2d) for a pruned draft vocab (required when the config prunes)."""
     check_fits(config, target)
     torch.manual_seed(seed)
-    model = DSparkDraftModel(config)
+    if config.method == "eagle3":
+        from dspark.model.eagle3 import Eagle3DraftModel
+
+        model = Eagle3DraftModel(config)
+    else:
+        model = DSparkDraftModel(config)
     if vocab is not None:
         model.set_vocab_mapping(*vocab)
     elif config.uses_pruned_vocab:

@@ -72,3 +72,42 @@ def validate_vocab_mapping(
     t2d_cpu = t2d.to(torch.bool).cpu()
     if int(t2d_cpu.sum()) != draft_vocab_size or not bool(t2d_cpu[target_ids].all()):
         raise CheckpointError(f"{source}: t2d and d2t disagree on which target ids are kept")
+
+
+class TargetTiedVocab:
+    """The pruned-vocab pieces every drafter shares (DSpark, DFlash, EAGLE-3).
+
+    The host module defines ``config`` (draft/target vocab sizes, hidden size), the
+    buffers ``d2t``/``t2d`` and the frozen target copies ``embed_tokens`` and ``lm_head``.
+    """
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:
+        """Absolute target id of every draft id, [V_d] int64."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def set_vocab_mapping(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        validate_vocab_mapping(d2t, t2d, self.config.draft_vocab_size, self.config.target_vocab_size)
+        self.d2t.copy_(d2t.to(torch.long))
+        self.t2d.copy_(t2d.to(torch.bool))
+
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Backbone hidden [..., H] -> draft-vocab logits U [..., V_d] in fp32."""
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def copy_target_weights(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
+        """Copy the target's embedding [V, H] and its lm_head rows picked by t2d (ascending ids)."""
+        cfg = self.config
+        if tuple(embed_weight.shape) != (cfg.target_vocab_size, cfg.hidden_size):
+            raise ValueError(
+                f"target embedding has shape {tuple(embed_weight.shape)}, drafter expects "
+                f"({cfg.target_vocab_size}, {cfg.hidden_size})"
+            )
+        if tuple(lm_head_weight.shape) != (cfg.target_vocab_size, cfg.hidden_size):
+            raise ValueError(
+                f"target lm_head has shape {tuple(lm_head_weight.shape)}, drafter expects "
+                f"({cfg.target_vocab_size}, {cfg.hidden_size})"
+            )
+        self.embed_tokens.weight.copy_(embed_weight)
+        self.lm_head.weight.copy_(lm_head_weight[self.draft_to_target.to(lm_head_weight.device)])

