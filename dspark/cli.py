@@ -83,6 +83,9 @@ def setup_cmd(
 def init_cmd(
     target: Annotated[Path, typer.Option(help="Hugging Face model directory of the target (verifier).")],
     out: Annotated[Path, typer.Option(help="New directory for the drafter (must not exist or be empty).")],
+    method: Annotated[
+        str, typer.Option(help="dspark, dflash (DSpark without heads) or eagle3 (the EAGLE-3 peer).")
+    ] = "dspark",
     layers: Annotated[int, typer.Option(help="Number of drafter decoder layers.")] = 1,
     block_size: Annotated[int, typer.Option(help="Tokens per draft block (anchor + mask tokens).")] = 8,
     aux_layers: Annotated[
@@ -109,6 +112,10 @@ def init_cmd(
 
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise DSparkError(f"{out}: exists and is not empty; refusing to overwrite it")
+        if method not in ("dspark", "dflash", "eagle3"):
+            raise DSparkError(f"--method {method!r}: choose dspark, dflash or eagle3")
+        if method == "dflash":
+            markov_rank, confidence_head = 0, False
         tgt = TargetModel.from_pretrained(target)
         config = config_for_target(
             tgt,
@@ -122,14 +129,21 @@ def init_cmd(
             confidence_head_with_markov=confidence_head and markov_rank > 0,
             sample_from_anchor=sample_from_anchor,
         )
+        if method == "eagle3":
+            from dspark.model.eagle3 import Eagle3Config
+
+            if layers != 1:
+                raise DSparkError("--method eagle3 has exactly one decoder layer (--layers 1)")
+            config = Eagle3Config.like(config, speculative_steps=block_size - 1)
         model = init_drafter(tgt, config, seed=seed)
         save_drafter(model, out, dtype=_torch_dtype(dtype))
     except DSparkError as exc:
         _fail(str(exc))
     n_params = sum(p.numel() for p in model.parameters())
     typer.echo(
-        f"wrote untrained {config.method} drafter to {out}: {config.num_hidden_layers} layer(s), hidden "
-        f"{config.hidden_size}, block {config.block_size}, aux layers {list(config.aux_hidden_state_layer_ids)}, "
+        f"wrote untrained {config.method} drafter to {out}: {len(model.layers)} layer(s), hidden "
+        f"{config.hidden_size}, {config.drafts_per_block} drafts per step, "
+        f"aux layers {list(config.aux_hidden_state_layer_ids)}, "
         f"{n_params / 1e6:.2f} M parameters"
     )
 
@@ -601,7 +615,19 @@ def bench_cmd(
         "gsm8k,humaneval"
     ),
     rows: Annotated[int, typer.Option(min=1, help="Prompts per dataset.")] = 8,
-    methods: Annotated[str, typer.Option(help="Comma list of baseline, ngram, dspark.")] = "baseline,ngram,dspark",
+    methods: Annotated[
+        str,
+        typer.Option(
+            help="Comma list of baseline, ngram, dspark, dflash, eagle3, or LABEL=PATH[@THRESHOLD] "
+            "(any drafter checkpoint; @t truncates blocks by confidence)."
+        ),
+    ] = "baseline,ngram,dspark",
+    draft_dflash: Annotated[
+        Path | None, typer.Option(help="DFlash drafter for method dflash (default: the embedded one).")
+    ] = None,
+    draft_eagle3: Annotated[
+        Path | None, typer.Option(help="EAGLE-3 drafter for method eagle3 (default: the embedded one).")
+    ] = None,
     n: Annotated[str, typer.Option(help="Comma list of draft lengths.")] = "3,7",
     max_new_tokens: Annotated[int, typer.Option(min=1, help="New tokens per prompt.")] = 128,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy (losslessness checked per row).")] = 0.0,
@@ -613,28 +639,24 @@ def bench_cmd(
 ) -> None:
     """Speculative decoding benchmark in the model card's format; methods interleaved in one run."""
     from dspark.bench.provenance import provenance, write_json
-    from dspark.bench.speculative import acceptance_plot, markdown_table, run_bench
-    from dspark.defaults import resolve_draft, resolve_target
+    from dspark.bench.speculative import acceptance_plot, markdown_table, parse_methods, run_bench
+    from dspark.defaults import resolve_target
     from dspark.target import TargetModel
 
     try:
-        method_list = [m for m in methods.split(",") if m]
+        specs = parse_methods(methods, {"dspark": draft, "dflash": draft_dflash, "eagle3": draft_eagle3})
         names = [d for d in datasets.split(",") if d]
         ns = _parse_ids(n, "--n") or [7]
-        draft_dir = resolve_draft(draft) if "dspark" in method_list else None
         target_dir = resolve_target(target)
         tgt = TargetModel.from_pretrained(target_dir, device=_device(device))
-        if "baseline" not in method_list:
-            method_list.insert(0, "baseline")
         result_rows = run_bench(
             tgt,
             datasets=names,
-            methods=method_list,
+            methods=specs,
             ns=ns,
             rows=rows,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
-            draft_dir=draft_dir,
             seed=seed,
         )
     except (DSparkError, ValueError) as exc:
@@ -648,7 +670,7 @@ def bench_cmd(
                 "provenance": provenance(
                     seed,
                     target=str(target_dir),
-                    draft=str(draft_dir) if draft_dir else None,
+                    drafters={s.label: str(s.draft_dir) for s in specs if s.draft_dir},
                     max_new_tokens=max_new_tokens,
                     temperature=temperature,
                     rows=rows,

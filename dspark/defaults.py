@@ -24,8 +24,10 @@ def default_target_dir() -> Path:
     return cache_root() / "targets" / DEFAULT_TARGET_NAME
 
 
-def default_draft_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "models" / DEFAULT_DRAFT_NAME
+def default_draft_dir(method: str = "dspark") -> Path:
+    """The shipped drafter for the default target: dspark, or the dflash / eagle3 peers."""
+    name = DEFAULT_DRAFT_NAME if method == "dspark" else DEFAULT_DRAFT_NAME.replace("dspark", method)
+    return Path(__file__).resolve().parent.parent / "models" / name
 
 
 def resolve_target(path: str | Path | None) -> Path:
@@ -41,10 +43,10 @@ def resolve_target(path: str | Path | None) -> Path:
     return target
 
 
-def resolve_draft(path: str | Path | None) -> Path:
+def resolve_draft(path: str | Path | None, method: str = "dspark") -> Path:
     if path is not None:
         return Path(path)
-    draft = default_draft_dir()
+    draft = default_draft_dir(method)
     if not draft.is_dir():
         raise DSparkError(
             f"no --draft given and the embedded default drafter is not in the repo yet ({draft}). "

@@ -64,3 +64,50 @@ def test_bench_writes_the_card_table_and_json(tiny_target_dirs, tmp_path):
         assert r["lossless"] is True
     assert "| gsm8k | 2 |" in md.read_text()
     assert "baseline tok/s" in result.stdout
+
+
+def test_bench_compares_peers_in_one_run(tiny_target_dirs, tmp_path):
+    """dspark, dflash and eagle3 checkpoints (plus a labelled one) side by side, all lossless."""
+    target = str(tiny_target_dirs["llama"])
+    for method in ("dspark", "dflash", "eagle3"):
+        made = runner.invoke(app, ["init", "--target", target, "--out", str(tmp_path / method), "--method", method])
+        assert made.exit_code == 0, made.output
+        assert f"untrained {method} drafter" in made.output
+    out = tmp_path / "bench.json"
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--target",
+            target,
+            "--methods",
+            f"dspark,dflash,eagle3,conf={tmp_path / 'dspark'}@0.5",
+            "--draft",
+            str(tmp_path / "dspark"),
+            "--draft-dflash",
+            str(tmp_path / "dflash"),
+            "--draft-eagle3",
+            str(tmp_path / "eagle3"),
+            "--datasets",
+            "gsm8k",
+            "--rows",
+            "1",
+            "--n",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["method"] for r in rows] == ["baseline", "dspark", "dflash", "eagle3", "conf"]
+    assert all(r["lossless"] is True for r in rows)
+    assert all(r["tokens"] == rows[0]["tokens"] for r in rows)
+    assert "eagle3 n=3" in result.stdout
+    # a wrong pairing is named, not run
+    bad = runner.invoke(
+        app, ["bench", "--target", target, "--methods", "eagle3", "--draft-eagle3", str(tmp_path / "dspark")]
+    )
+    assert bad.exit_code != 0 and "holds a dspark drafter, not a eagle3 one" in bad.output

@@ -53,23 +53,97 @@ class Cell:
         return self.tokens / self.decode_seconds if self.decode_seconds else 0.0
 
 
+DRAFTER_METHODS = ("dspark", "dflash", "eagle3")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One column group of the table: a method, and for drafters its checkpoint."""
+
+    label: str
+    method: str  # baseline | ngram | dspark | dflash | eagle3
+    draft_dir: Path | None = None
+    confidence_threshold: float | None = None
+
+
+def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> list[MethodSpec]:
+    """``--methods``: comma list of ``baseline``, ``ngram``, ``dspark``, ``dflash``, ``eagle3``
+    (drafter dirs from ``drafts`` or the embedded defaults) or ``LABEL=PATH[@THRESHOLD]``
+    (any drafter checkpoint under its own label; ``@t`` turns on confidence truncation at t).
+    The baseline is always first."""
+    from dspark.decoding.factory import METHODS
+    from dspark.defaults import resolve_draft
+    from dspark.errors import DSparkError
+
+    drafts = drafts or {}
+    specs: list[MethodSpec] = [MethodSpec("baseline", "baseline")]
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry or entry == "baseline":
+            continue
+        if "=" in entry:
+            label, _, path = entry.partition("=")
+            threshold = None
+            if "@" in path:
+                path, _, t = path.rpartition("@")
+                try:
+                    threshold = float(t)
+                except ValueError:
+                    raise DSparkError(f"--methods {entry!r}: {t!r} after @ is not a confidence threshold") from None
+            specs.append(MethodSpec(label, _checkpoint_method(Path(path)), Path(path), threshold))
+        elif entry == "ngram":
+            specs.append(MethodSpec("ngram", "ngram"))
+        elif entry in DRAFTER_METHODS:
+            specs.append(MethodSpec(entry, entry, resolve_draft(drafts.get(entry), entry)))
+        else:
+            raise DSparkError(f"unknown method {entry!r}; choose from {', '.join(METHODS)} or LABEL=PATH")
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise DSparkError(f"--methods: labels must be unique, got {labels}")
+    return specs
+
+
+def _checkpoint_method(path: Path) -> str:
+    """dspark / dflash / eagle3, from a drafter directory's config (a .gguf is DSpark-family)."""
+    import json
+
+    from dspark.errors import DSparkError
+
+    if path.suffix == ".gguf":
+        return "dspark"
+    config = path / "config.json"
+    if not config.is_file():
+        raise DSparkError(f"{path}: not a drafter directory (no config.json)")
+    try:
+        kind = json.loads(config.read_text()).get("speculators_model_type")
+    except (json.JSONDecodeError, AttributeError):
+        raise DSparkError(f"{config}: not valid JSON") from None
+    if kind not in DRAFTER_METHODS:
+        raise DSparkError(f"{config}: speculators_model_type {kind!r} is not one of {', '.join(DRAFTER_METHODS)}")
+    return kind
+
+
 def run_bench(
     target,
     *,
     datasets: list[str],
-    methods: list[str],
+    methods: list[MethodSpec],
     ns: list[int],
     rows: int,
     max_new_tokens: int,
     temperature: float = 0.0,
-    draft_dir: str | Path | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> list[dict]:
     from tqdm import tqdm
 
     params = SamplingParams(temperature=temperature)
-    drafters = {m: make_drafter(m, target, draft_dir=draft_dir) for m in methods if m != "baseline"}
+    drafters = {
+        spec.label: make_drafter(
+            spec.method, target, draft_dir=spec.draft_dir, confidence_threshold=spec.confidence_threshold
+        )
+        for spec in methods
+        if spec.method != "baseline"
+    }
     baseline = make_engine(target, None, 0)
     engines = {(m, n): make_engine(target, d, min(n, d.max_draft_tokens)) for m, d in drafters.items() for n in ns}
     out_rows = []
@@ -120,7 +194,9 @@ def _row(dataset: str, method: str, n: int, cell: Cell, base: Cell, params: Samp
 
 def markdown_table(rows: list[dict]) -> str:
     """The model card's layout: per dataset, baseline tok/s then `tok/s / speedup / accept_len`."""
-    cols = sorted({(r["method"], r["n"]) for r in rows if r["method"] != "baseline"}, key=lambda c: (c[0], c[1]))
+    cols = sorted(
+        dict.fromkeys((r["method"], r["n"]) for r in rows if r["method"] != "baseline"), key=lambda c: c[1]
+    )  # by n, methods in the order they ran
     head = "| benchmark | rows | baseline tok/s | " + " | ".join(f"{m} n={n}" for m, n in cols) + " | best |"
     sep = "| --- | ---: | ---: | " + " | ".join("---:" for _ in cols) + " | --- |"
     lines = [head, sep]

@@ -93,6 +93,10 @@ class SpeculativeEngine:
             raise ValueError(f"prompt token ids must lie in [0, {target.vocab_size})")
         stops = target.stop_token_ids() if stop_token_ids is None else set(stop_token_ids)
         capture = drafter is not None and drafter.needs_aux_hidden
+        if capture:
+            wanted = tuple(drafter.config.aux_hidden_state_layer_ids)
+            if target.aux_layer_ids != wanted:  # another drafter (or training) set other layers
+                target.set_aux_layers(wanted)
         device = target.device
 
         _sync(device)

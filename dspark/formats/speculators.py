@@ -158,7 +158,9 @@ def from_speculators_dict(
     under ``"dspark"``); it comes from the target the drafter will run with."""
     kind = data.get("speculators_model_type")
     if kind not in ("dspark", "dflash"):
-        raise ConfigError(f"{source}: speculators_model_type {kind!r} is not supported (expected 'dspark', 'dflash' or 'eagle3')")
+        raise ConfigError(
+            f"{source}: speculators_model_type {kind!r} is not supported (expected 'dspark', 'dflash' or 'eagle3')"
+        )
     layer = data.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise ConfigError(f"{source}: transformer_layer_config is missing or not an object")
