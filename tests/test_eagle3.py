@@ -113,3 +113,12 @@ def test_damaged_eagle3_config_is_named(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match="norm_before_residual"):
         load_drafter(tmp_path / "e3")
+
+
+def test_eagle3_gguf_export_is_refused_by_name(tmp_path):
+    from dspark.errors import DSparkError
+    from dspark.formats.gguf import export_gguf
+
+    with pytest.raises(DSparkError, match="eagle3 drafter stays in the speculators format"):
+        export_gguf(tiny(), tmp_path / "e3.gguf", tokenizer=None)
+    assert not (tmp_path / "e3.gguf").exists()

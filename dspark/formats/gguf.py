@@ -249,6 +249,11 @@ def export_gguf(
     from dspark.formats.speculators import config_json_text
     from dspark.io import atomic_write
 
+    if model.config.method == "eagle3":
+        raise DSparkError(
+            "GGUF export covers the DSpark/DFlash family (llama.cpp draft-dspark); an eagle3 drafter "
+            "stays in the speculators format"
+        )
     gguf = _gguf()
     if outtype not in OUTTYPES:
         raise DSparkError(f"--outtype {outtype!r}: choose from {', '.join(OUTTYPES)} (K-quants: see docs/formats.md)")
