@@ -32,6 +32,8 @@ class Method(str, Enum):
     baseline = "baseline"
     ngram = "ngram"
     dspark = "dspark"
+    dflash = "dflash"
+    eagle3 = "eagle3"
 
 
 def _torch_dtype(name: DType):
@@ -153,7 +155,9 @@ def generate_cmd(
     prompt: Annotated[str, typer.Option(help="Prompt text.")],
     target: Annotated[Path | None, typer.Option(help="Target model directory (default: the embedded one).")] = None,
     draft: Annotated[Path | None, typer.Option(help="Drafter directory (default: the embedded one).")] = None,
-    method: Annotated[Method, typer.Option(help="auto = dspark with --draft or the embedded drafter.")] = Method.auto,
+    method: Annotated[
+        Method, typer.Option(help="auto = the --draft checkpoint's method, or the embedded DSpark drafter.")
+    ] = Method.auto,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate.")] = 128,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy; > 0 = rejection sampling.")] = 0.0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus filter (1.0 = off).")] = 1.0,
@@ -176,7 +180,7 @@ def generate_cmd(
     """Generate text with speculative decoding and report acceptance and speed."""
     import torch
 
-    from dspark.decoding.factory import make_drafter, make_engine
+    from dspark.decoding.factory import DRAFTER_METHODS, checkpoint_method, make_drafter, make_engine
     from dspark.decoding.sampling import SamplingParams
     from dspark.defaults import resolve_draft, resolve_target
     from dspark.target import TargetModel
@@ -186,9 +190,11 @@ def generate_cmd(
             raise DSparkError("--top-p must be in (0, 1]")
         name = method.value
         draft_dir = None
-        if name in ("auto", "dspark"):
-            name = "dspark"
+        if name == "auto":
             draft_dir = resolve_draft(draft)
+            name = checkpoint_method(draft_dir)
+        elif name in DRAFTER_METHODS:
+            draft_dir = resolve_draft(draft, name)
         tgt = TargetModel.from_pretrained(resolve_target(target), device=_device(device), dtype=_torch_dtype(dtype))
         drafter = make_drafter(name, tgt, draft_dir=draft_dir, confidence_threshold=confidence_threshold)
         engine = make_engine(tgt, drafter, num_speculative_tokens)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from dspark.bench.datasets import load_prompts
-from dspark.decoding.factory import make_drafter, make_engine
+from dspark.decoding.factory import DRAFTER_METHODS, make_drafter, make_engine
 from dspark.decoding.sampling import SamplingParams
 from dspark.training.datagen import encode_prompt
 
@@ -53,9 +53,6 @@ class Cell:
         return self.tokens / self.decode_seconds if self.decode_seconds else 0.0
 
 
-DRAFTER_METHODS = ("dspark", "dflash", "eagle3")
-
-
 @dataclass(frozen=True)
 class MethodSpec:
     """One column group of the table: a method, and for drafters its checkpoint."""
@@ -71,7 +68,7 @@ def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> li
     (drafter dirs from ``drafts`` or the embedded defaults) or ``LABEL=PATH[@THRESHOLD]``
     (any drafter checkpoint under its own label; ``@t`` turns on confidence truncation at t).
     The baseline is always first."""
-    from dspark.decoding.factory import METHODS
+    from dspark.decoding.factory import METHODS, checkpoint_method
     from dspark.defaults import resolve_draft
     from dspark.errors import DSparkError
 
@@ -89,7 +86,7 @@ def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> li
                     threshold = float(t)
                 except ValueError:
                     raise DSparkError(f"--methods {entry!r}: {t!r} after @ is not a confidence threshold") from None
-            specs.append(MethodSpec(label, _checkpoint_method(Path(path)), Path(path), threshold))
+            specs.append(MethodSpec(label, checkpoint_method(Path(path)), Path(path), threshold))
         elif entry == "ngram":
             specs.append(MethodSpec("ngram", "ngram"))
         elif entry in DRAFTER_METHODS:
@@ -100,26 +97,6 @@ def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> li
     if len(set(labels)) != len(labels):
         raise DSparkError(f"--methods: labels must be unique, got {labels}")
     return specs
-
-
-def _checkpoint_method(path: Path) -> str:
-    """dspark / dflash / eagle3, from a drafter directory's config (a .gguf is DSpark-family)."""
-    import json
-
-    from dspark.errors import DSparkError
-
-    if path.suffix == ".gguf":
-        return "dspark"
-    config = path / "config.json"
-    if not config.is_file():
-        raise DSparkError(f"{path}: not a drafter directory (no config.json)")
-    try:
-        kind = json.loads(config.read_text()).get("speculators_model_type")
-    except (json.JSONDecodeError, AttributeError):
-        raise DSparkError(f"{config}: not valid JSON") from None
-    if kind not in DRAFTER_METHODS:
-        raise DSparkError(f"{config}: speculators_model_type {kind!r} is not one of {', '.join(DRAFTER_METHODS)}")
-    return kind
 
 
 def run_bench(

@@ -14,6 +14,26 @@ from dspark.model.pairing import check_fits
 from dspark.target.adapter import TargetModel
 
 METHODS = ("baseline", "ngram", "dspark", "dflash", "eagle3")
+DRAFTER_METHODS = ("dspark", "dflash", "eagle3")
+
+
+def checkpoint_method(path: str | Path) -> str:
+    """dspark / dflash / eagle3, from a drafter directory's config (a .gguf is DSpark-family)."""
+    import json
+
+    path = Path(path)
+    if path.suffix == ".gguf":
+        return "dspark"
+    config = path / "config.json"
+    if not config.is_file():
+        raise DSparkError(f"{path}: not a drafter directory (no config.json)")
+    try:
+        kind = json.loads(config.read_text()).get("speculators_model_type")
+    except (json.JSONDecodeError, AttributeError):
+        raise DSparkError(f"{config}: not a valid drafter config (JSON object expected)") from None
+    if kind not in DRAFTER_METHODS:
+        raise DSparkError(f"{config}: speculators_model_type {kind!r} is not one of {', '.join(DRAFTER_METHODS)}")
+    return kind
 
 
 def make_drafter(

@@ -30,7 +30,7 @@ class ServeOptions:
 
 def build_app(opts: ServeOptions):
     """The FastAPI app and its worker (the worker thread is running on return)."""
-    from dspark.decoding.factory import make_drafter, make_engine
+    from dspark.decoding.factory import checkpoint_method, make_drafter, make_engine
     from dspark.serve.app import ServerConfig, create_app
     from dspark.serve.metrics import Metrics
     from dspark.serve.worker import Worker
@@ -47,7 +47,9 @@ def build_app(opts: ServeOptions):
     if speculative and opts.draft is None:
         raise DSparkError("--num-speculative-tokens > 0 needs a drafter (--draft)")
     drafter = (
-        make_drafter("dspark", target, draft_dir=opts.draft, confidence_threshold=opts.confidence_threshold)
+        make_drafter(
+            checkpoint_method(opts.draft), target, draft_dir=opts.draft, confidence_threshold=opts.confidence_threshold
+        )
         if speculative
         else None
     )
