@@ -10,6 +10,7 @@
 #   5. dspark train: recipes/smollm2-135m-{dspark,dflash,eagle3}.yaml (METHODS= picks some),
 #      same data, vocab, features and step budget
 #   6. copy each final drafter to models/smollm2-135m-<method> (bf16, without the target's embedding)
+#   7. ABLATIONS=1: recipes/ablations/*.yaml too (Markov rank 256, no confidence head)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N_GSM=${N_GSM:-800}
@@ -84,3 +85,9 @@ summary = {
 print("wrote", out, summary)
 PY
 done
+# ABLATIONS=1: also the ablation recipes (not shipped; they stay in .cache/smollm2/run-*).
+if [ "${ABLATIONS:-}" = 1 ]; then
+  for recipe in recipes/ablations/*.yaml; do
+    .venv/bin/dspark train --config "$recipe"
+  done
+fi

@@ -145,3 +145,29 @@ def test_two_process_ddp_matches_one_process(tiny_target_dirs, data, tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
     steps = [json.loads(line)["step"] for line in (tmp_path / "two" / "train_log.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_shipped_recipes_parse_and_peers_share_everything_but_the_model():
+    """The peer and ablation recipes differ from the DSpark one only in the drafter they build."""
+    import dataclasses
+    from pathlib import Path
+
+    from dspark.training.recipe import load_recipe
+
+    root = Path(__file__).resolve().parent.parent / "recipes"
+    ref = load_recipe(root / "smollm2-135m-dspark.yaml")
+    others = [
+        root / "smollm2-135m-dflash.yaml",
+        root / "smollm2-135m-eagle3.yaml",
+        *sorted(root.glob("ablations/*.yaml")),
+    ]
+    assert len(others) == 4
+    outs = {ref.out}
+    for path in others:
+        r = load_recipe(path)
+        assert (r.target, r.data, r.source, r.cache) == (ref.target, ref.data, ref.source, ref.cache), path
+        assert dataclasses.asdict(r.train) == dataclasses.asdict(ref.train), path
+        assert r.drafter["vocab"] == ref.drafter["vocab"] and r.drafter["aux_layers"] == ref.drafter["aux_layers"]
+        assert r.drafter != ref.drafter, path
+        outs.add(r.out)
+    assert len(outs) == 5  # no two runs share an output directory
