@@ -2,18 +2,22 @@
 # The peer comparison of docs/RESULTS.md, in one process per temperature: plain decoding,
 # n-gram, EAGLE-3, DFlash and DSpark (the three drafters shipped under models/, trained on
 # the same data with the same budget), plus the inference-time ablation "DSpark with
-# confidence truncation" (survival threshold 0.5). Methods run interleaved prompt by
-# prompt; greedy rows are checked token for token against plain decoding.
-#   ROWS (8) prompts per dataset, TOKENS (128) new tokens per prompt; ~35 min on 2 CPU cores.
+# confidence truncation" (survival threshold 0.5) and, when ABLATIONS=1 of
+# scripts/train_default_drafter.sh has trained it, DSpark with Markov rank 256. Methods run
+# interleaved prompt by prompt; greedy rows are checked token for token against plain decoding.
+#   ROWS (6) prompts per dataset, TOKENS (128) new tokens per prompt; ~35 min on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROWS=${ROWS:-8}
+ROWS=${ROWS:-6}
 TOKENS=${TOKENS:-128}
 OUT=${OUT:-docs/results}
 mkdir -p "$OUT"
+EXTRA=""
+R256=.cache/smollm2/run-dspark-r256/final
+[ -d "$R256" ] && EXTRA=",dspark-r256=$R256"
 .venv/bin/dspark setup >/dev/null
 .venv/bin/dspark bench --datasets gsm8k,humaneval --rows "$ROWS" --max-new-tokens "$TOKENS" --n 3,7 \
-  --methods "ngram,eagle3,dflash,dspark,dspark+conf0.5=models/smollm2-135m-dspark@0.5" \
+  --methods "ngram,eagle3,dflash,dspark,dspark+conf0.5=models/smollm2-135m-dspark@0.5$EXTRA" \
   --out "$OUT/peers-greedy-smollm2-cpu.json" --markdown "$OUT/peers-greedy-smollm2-cpu.md" \
   --plot "$OUT/peers-acceptance-smollm2-cpu.png"
 .venv/bin/dspark bench --datasets gsm8k,humaneval --rows "$ROWS" --max-new-tokens "$TOKENS" --n 7 \
