@@ -15,6 +15,8 @@ mkdir -p "$OUT"
 EXTRA=""
 R256=.cache/smollm2/run-dspark-r256/final
 [ -d "$R256" ] && EXTRA=",dspark-r256=$R256"
+# PREVIOUS=DIR adds an earlier DSpark drafter as column dspark-prev (e.g. one from git history).
+[ -n "${PREVIOUS:-}" ] && EXTRA="$EXTRA,dspark-prev=$PREVIOUS"
 .venv/bin/dspark setup >/dev/null
 .venv/bin/dspark bench --datasets gsm8k,humaneval --rows "$ROWS" --max-new-tokens "$TOKENS" --n 3,7 \
   --methods "ngram,eagle3,dflash,dspark,dspark+conf0.5=models/smollm2-135m-dspark@0.5$EXTRA" \
