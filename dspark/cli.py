@@ -645,11 +645,13 @@ def bench_cmd(
 ) -> None:
     """Speculative decoding benchmark in the model card's format; methods interleaved in one run."""
     from dspark.bench.provenance import provenance, write_json
-    from dspark.bench.speculative import acceptance_plot, markdown_table, parse_methods, run_bench
+    from dspark.bench.speculative import acceptance_plot, markdown_table, parse_methods, require_matplotlib, run_bench
     from dspark.defaults import resolve_target
     from dspark.target import TargetModel
 
     try:
+        if plot:
+            require_matplotlib()  # before the run, not after it
         specs = parse_methods(methods, {"dspark": draft, "dflash": draft_dflash, "eagle3": draft_eagle3})
         names = [d for d in datasets.split(",") if d]
         ns = _parse_ids(n, "--n") or [7]
@@ -695,6 +697,33 @@ def bench_cmd(
     if any(r["lossless"] is False for r in result_rows):
         typer.echo("error: a greedy row differs from the baseline (see lossless in the table)", err=True)
         raise typer.Exit(1)
+
+
+@app.command()
+def plot(
+    results: Annotated[Path, typer.Argument(help="A JSON file written by `dspark bench --out`.")],
+    out: Annotated[Path, typer.Option("--out", help="PNG to write.")],
+    methods: Annotated[str | None, typer.Option(help="Comma list of method labels to keep (default: all).")] = None,
+    n: Annotated[str | None, typer.Option(help="Comma list of draft lengths to keep (default: all).")] = None,
+) -> None:
+    """Per-position acceptance plot from saved bench results (no re-run)."""
+    from dspark.bench.speculative import acceptance_plot
+
+    try:
+        rows = json.loads(results.read_text())["rows"]
+        keep_m = set(methods.split(",")) if methods else None
+        keep_n = set(_parse_ids(n, "--n")) if n else None
+        rows = [r for r in rows if (keep_m is None or r["method"] in keep_m) and (keep_n is None or r["n"] in keep_n)]
+        if not rows:
+            raise DSparkError(f"{results}: no rows match --methods/--n")
+        acceptance_plot(rows, out)
+    except FileNotFoundError:
+        _fail(f"{results}: no such file")
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        _fail(f"{results}: not a `dspark bench --out` JSON file ({exc})")
+    except DSparkError as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {out}")
 
 
 def _encode(target, prompt: str, chat: bool):

@@ -11,4 +11,4 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
-.venv/bin/python -m pip install -q -e ".[dev,ray,gguf,serve]"
+.venv/bin/python -m pip install -q -e ".[dev,ray,gguf,serve,bench]"

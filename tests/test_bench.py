@@ -40,9 +40,12 @@ def test_bench_writes_the_card_table_and_json(tiny_target_dirs, tmp_path):
             str(out),
             "--markdown",
             str(md),
+            "--plot",
+            str(tmp_path / "acceptance.png"),
         ],
     )
     assert result.exit_code == 0, result.output
+    assert (tmp_path / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads(out.read_text())
     assert report["provenance"]["commit"] is None or len(report["provenance"]["commit"]) == 40
     rows = report["rows"]
@@ -64,6 +67,34 @@ def test_bench_writes_the_card_table_and_json(tiny_target_dirs, tmp_path):
         assert r["lossless"] is True
     assert "| gsm8k | 2 |" in md.read_text()
     assert "baseline tok/s" in result.stdout
+    # the plot again from the saved JSON, filtered; filters that keep nothing are an error
+    png = tmp_path / "replot.png"
+    replot = runner.invoke(app, ["plot", str(out), "--out", str(png), "--methods", "dspark", "--n", "7"])
+    assert replot.exit_code == 0, replot.output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    empty = runner.invoke(app, ["plot", str(out), "--out", str(png), "--methods", "eagle3"])
+    assert empty.exit_code != 0 and "no rows match" in empty.output
+    md_as_json = runner.invoke(app, ["plot", str(md), "--out", str(png)])
+    assert md_as_json.exit_code != 0 and "not a `dspark bench --out` JSON file" in md_as_json.output
+
+
+def test_bench_plot_without_matplotlib_fails_before_running(tiny_target_dirs, tmp_path, monkeypatch):
+    import dspark.bench.speculative as spec
+    from dspark.errors import DSparkError
+
+    def missing():
+        raise DSparkError("--plot needs matplotlib")
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the benchmark ran although --plot cannot be written")
+
+    monkeypatch.setattr(spec, "require_matplotlib", missing)
+    monkeypatch.setattr(spec, "run_bench", must_not_run)
+    result = runner.invoke(
+        app, ["bench", "--target", str(tiny_target_dirs["qwen3"]), "--plot", str(tmp_path / "p.png")]
+    )
+    assert result.exit_code != 0
+    assert "--plot needs matplotlib" in result.output
 
 
 def test_bench_compares_peers_in_one_run(tiny_target_dirs, tmp_path):

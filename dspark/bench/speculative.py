@@ -196,7 +196,8 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def acceptance_plot(rows: list[dict], path: str | Path) -> None:
+def require_matplotlib():
+    """pyplot on the Agg backend; a clear error (checked before a long run) when missing."""
     try:
         import matplotlib
 
@@ -205,17 +206,33 @@ def acceptance_plot(rows: list[dict], path: str | Path) -> None:
     except ImportError:
         from dspark.errors import DSparkError
 
-        raise DSparkError("--plot needs matplotlib: pip install matplotlib") from None
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in rows:
-        if r["method"] == "baseline" or not r["per_position_acceptance"]:
-            continue
-        ys = [y if y is not None else float("nan") for y in r["per_position_acceptance"]]
-        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=f"{r['dataset']} {r['method']} n={r['n']}")
-    ax.set_xlabel("draft position k")
-    ax.set_ylabel("P(accepted | earlier accepted)")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        raise DSparkError("--plot needs matplotlib: pip install 'dspark[bench]' (or matplotlib)") from None
+    return plt
+
+
+def acceptance_plot(rows: list[dict], path: str | Path) -> None:
+    """Per-position acceptance: one panel per dataset, one line per (method, n) row."""
+    plt = require_matplotlib()
+    rows = [r for r in rows if r["method"] != "baseline" and r["per_position_acceptance"]]
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    if not datasets:
+        from dspark.errors import DSparkError
+
+        raise DSparkError("no drafted rows to plot (only baseline, or no per-position acceptance)")
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4), squeeze=False, sharey=True)
+    for ax, name in zip(axes[0], datasets, strict=True):
+        for r in rows:
+            if r["dataset"] != name:
+                continue
+            ys = [y if y is not None else float("nan") for y in r["per_position_acceptance"]]
+            ax.plot(range(1, len(ys) + 1), ys, marker="o", label=f"{r['method']} n={r['n']}")
+        ax.set_title(name)
+        ax.set_xlabel("draft position k")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("P(accepted | earlier accepted)")
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
+    plt.close(fig)
