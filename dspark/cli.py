@@ -700,6 +700,74 @@ def bench_cmd(
 
 
 @app.command()
+def calibrate(
+    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    draft: Annotated[Path | None, typer.Option(help="DSpark drafter directory (default: the embedded one).")] = None,
+    datasets: Annotated[str, typer.Option(help="Comma list of benchmark sets (held out from training).")] = (
+        "gsm8k,humaneval"
+    ),
+    rows: Annotated[
+        int, typer.Option(min=2, help="Prompts per dataset (even ones fit Platt scaling, odd score it).")
+    ] = 8,
+    n: Annotated[int, typer.Option(min=1, help="Draft length.")] = 7,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="New tokens per prompt.")] = 128,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy verification.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    bins: Annotated[int, typer.Option(min=2, help="Equal-width confidence bins for ECE.")] = 10,
+    out: Annotated[Path | None, typer.Option(help="Write the JSON report (with provenance) here.")] = None,
+    markdown: Annotated[Path | None, typer.Option(help="Write the markdown table here.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write the reliability diagram (PNG) here.")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
+) -> None:
+    """Confidence-head calibration in real decoding: ECE, AUROC, Brier per position."""
+    from dspark.bench.calibration import calibration_markdown, calibration_report, collect_records, reliability_plot
+    from dspark.bench.provenance import provenance, write_json
+    from dspark.bench.speculative import require_matplotlib
+    from dspark.defaults import resolve_draft, resolve_target
+    from dspark.target import TargetModel
+
+    try:
+        if plot:
+            require_matplotlib()
+        draft_dir = resolve_draft(draft, "dspark")
+        target_dir = resolve_target(target)
+        tgt = TargetModel.from_pretrained(target_dir, device=_device(device))
+        per_prompt = collect_records(
+            tgt,
+            draft_dir,
+            datasets=[d for d in datasets.split(",") if d],
+            rows=rows,
+            n=n,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+        )
+        report = calibration_report(per_prompt, n, bins)
+    except (DSparkError, ValueError) as exc:
+        _fail(str(exc))
+    table = calibration_markdown(report)
+    typer.echo(table)
+    if out:
+        meta = provenance(
+            seed,
+            target=str(target_dir),
+            draft=str(draft_dir),
+            datasets=datasets,
+            rows=rows,
+            n=n,
+            bins=bins,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
+        write_json(out, {"provenance": meta, **report})
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(table)
+    if plot:
+        reliability_plot(report, plot)
+
+
+@app.command()
 def plot(
     results: Annotated[Path, typer.Argument(help="A JSON file written by `dspark bench --out`.")],
     out: Annotated[Path, typer.Option("--out", help="PNG to write.")],

@@ -34,6 +34,9 @@ class GenerationResult:
     timings: dict[str, float] = field(default_factory=dict)
     position_attempts: list[int] = field(default_factory=list)
     position_accepts: list[int] = field(default_factory=list)
+    # (slot k, confidence c_k, accepted) for every slot verification reached (earlier slots
+    # accepted), when the drafter has a confidence head: the data of its calibration.
+    confidence_records: list[tuple[int, float, bool]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,6 +118,7 @@ class SpeculativeEngine:
         forwards = 0
         decoded = 0
         drafted = 0
+        records: list[tuple[int, float, bool]] = []
         timings = dict.fromkeys(("propose", "target", "verify", "bookkeeping"), 0.0)
         clock = time.perf_counter
         while not halted and len(generated) < max_new_tokens and generated[-1] not in stops:
@@ -142,6 +146,9 @@ class SpeculativeEngine:
             for j in range(min(n, a + 1)):
                 attempts[j] += 1
                 accepts[j] += int(j < a)
+            if proposal.confidence is not None:
+                conf = proposal.confidence.tolist()
+                records.extend((j, conf[j], j < a) for j in range(min(n, a + 1)))
             target.crop(cached + a + 1)
             if drafter is not None:
                 drafter.accept(verify_ids[: a + 1], None if step.aux_hidden is None else step.aux_hidden[: a + 1])
@@ -175,4 +182,5 @@ class SpeculativeEngine:
             timings=timings,
             position_attempts=attempts,
             position_accepts=accepts,
+            confidence_records=records,
         )
