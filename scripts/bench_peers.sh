@@ -13,15 +13,28 @@ TOKENS=${TOKENS:-128}
 OUT=${OUT:-docs/results}
 mkdir -p "$OUT"
 EXTRA=""
-R256=.cache/smollm2/run-dspark-r256/final
-[ -d "$R256" ] && EXTRA=",dspark-r256=$R256"
+R256=""
+if [ -d .cache/smollm2/run-dspark-r256/final ]; then
+  R256=.cache/smollm2/run-dspark-r256/final
+  EXTRA=",dspark-r256=$R256"
+fi
 # PREVIOUS=DIR adds an earlier DSpark drafter as column dspark-prev (e.g. one from git history).
 [ -n "${PREVIOUS:-}" ] && EXTRA="$EXTRA,dspark-prev=$PREVIOUS"
 .venv/bin/dspark setup >/dev/null
-.venv/bin/dspark bench --datasets gsm8k,humaneval --rows "$ROWS" --max-new-tokens "$TOKENS" --n 3,7 \
-  --methods "ngram,eagle3,dflash,dspark,dspark+conf0.5=models/smollm2-135m-dspark@0.5$EXTRA" \
-  --out "$OUT/peers-greedy-smollm2-cpu.json" --markdown "$OUT/peers-greedy-smollm2-cpu.md" \
-  --plot "$OUT/peers-acceptance-smollm2-cpu.png"
-.venv/bin/dspark bench --datasets gsm8k,humaneval --rows "$ROWS" --max-new-tokens "$TOKENS" --n 7 \
-  --temperature 0.8 --methods "ngram,eagle3,dflash,dspark" \
-  --out "$OUT/peers-t0.8-smollm2-cpu.json" --markdown "$OUT/peers-t0.8-smollm2-cpu.md"
+# PARTS (greedy t0.8): which of the two runs to do.
+for part in ${PARTS:-greedy t0.8}; do
+  case $part in
+    greedy)
+      .venv/bin/dspark bench --datasets gsm8k,humaneval --rows "$ROWS" --max-new-tokens "$TOKENS" --n 3,7 \
+        --methods "ngram,eagle3,dflash,dspark,dspark+conf0.5=models/smollm2-135m-dspark@0.5$EXTRA" \
+        --out "$OUT/peers-greedy-smollm2-cpu.json" --markdown "$OUT/peers-greedy-smollm2-cpu.md"
+      .venv/bin/dspark plot "$OUT/peers-greedy-smollm2-cpu.json" --n 7 --methods "ngram,eagle3,dflash,dspark${R256:+,dspark-r256}" \
+        --out "$OUT/peers-acceptance-smollm2-cpu.png" ;;
+    t0.8)
+      # Rejection sampling with each drafter's own q; n-gram proposes a point mass (q = 1 on its token).
+      .venv/bin/dspark bench --datasets gsm8k,humaneval --rows "$ROWS" --max-new-tokens "$TOKENS" --n 7 \
+        --temperature 0.8 --methods "ngram,eagle3,dflash,dspark" \
+        --out "$OUT/peers-t0.8-smollm2-cpu.json" --markdown "$OUT/peers-t0.8-smollm2-cpu.md" ;;
+    *) echo "unknown part $part (greedy, t0.8)" >&2; exit 2 ;;
+  esac
+done
