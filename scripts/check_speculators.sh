@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Does speculators 0.9.0 (the format vLLM's `dspark` method reads) load our exports and compute
 # the same logits? Builds a separate venv for it outside the repo (speculators pins
-# transformers <= 5.19, we need >= 5.20), then runs scripts/speculators_parity.py for six tiny
-# drafter variants and, when `dspark setup` has built it, the shipped default drafter.
+# transformers <= 5.19, we need >= 5.20), then runs scripts/speculators_parity.py for seven tiny
+# drafter variants (six DSpark/DFlash, one EAGLE-3) and, when `dspark setup` has built it, the
+# three shipped drafters (dspark, dflash, eagle3).
 # Writes docs/results/speculators-parity.json. Needs ./.venv (bash scripts/install.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,14 +19,15 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import speculators" 2
   # torchvision/torchaudio are declared but not imported by the model code; skip them (and their CUDA pull).
   "$VENV/bin/pip" install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0"
 fi
-variants="tiny-anchor-vanilla tiny-dflash-layout-markov tiny-gated tiny-rnn tiny-conf-without-markov tiny-dflash"
+variants="tiny-anchor-vanilla tiny-dflash-layout-markov tiny-gated tiny-rnn tiny-conf-without-markov tiny-dflash tiny-eagle3"
 TARGET="$CACHE/targets/SmolLM2-135M-Instruct"
 results=()
 status=0
-for v in $variants default; do
-  if [ "$v" = default ]; then
-    [ -f "$TARGET/config.json" ] || { echo "skip default drafter: run 'dspark setup' first"; continue; }
-    .venv/bin/python scripts/speculators_parity.py make --draft models/smollm2-135m-dspark --target "$TARGET" --work "$WORK/$v"
+for v in $variants default default-dflash default-eagle3; do
+  if [[ "$v" == default* ]]; then
+    [ -f "$TARGET/config.json" ] || { echo "skip $v drafter: run 'dspark setup' first"; continue; }
+    m=${v#default}; m=${m#-}
+    .venv/bin/python scripts/speculators_parity.py make --draft "models/smollm2-135m-${m:-dspark}" --target "$TARGET" --work "$WORK/$v"
   else
     .venv/bin/python scripts/speculators_parity.py make --draft "$v" --work "$WORK/$v"
   fi

@@ -31,6 +31,7 @@ TINY_VARIANTS = {
     "tiny-rnn": {"markov_head_type": "rnn"},
     "tiny-conf-without-markov": {"confidence_head_with_markov": False},
     "tiny-dflash": {"markov_rank": 0, "enable_confidence_head": False, "sample_from_anchor": False},
+    "tiny-eagle3": {"method": "eagle3"},
 }
 
 
@@ -49,7 +50,13 @@ def _tiny(variant: str, work: Path):
     target = TargetModel.from_pretrained(target_dir)
     opts = dict(TINY_VARIANTS[variant])
     torch.manual_seed(1)
-    config = config_for_target(target, num_layers=2, block_size=6, markov_rank=16, draft_vocab_size=150)
+    if opts.pop("method", None) == "eagle3":
+        from dspark.model.eagle3 import Eagle3Config
+
+        base = config_for_target(target, num_layers=1, block_size=6, draft_vocab_size=150)
+        config = Eagle3Config.like(base, speculative_steps=4)
+    else:
+        config = config_for_target(target, num_layers=2, block_size=6, markov_rank=16, draft_vocab_size=150)
     config = config.replace(**opts)
     model = init_drafter(target, config, vocab=mapping_from_kept_ids(torch.arange(0, 300, 2), target.vocab_size))
     with torch.no_grad():  # untrained heads start near zero; make them matter in the comparison
@@ -72,6 +79,8 @@ def make(args: argparse.Namespace) -> None:
     fill_from_target(model, facts)
     model = model.float().eval()
     export_speculators(model, out / "checkpoint", dtype=torch.float32, force=True)
+    if model.config.method == "eagle3":
+        return _make_eagle3(model, out, args.length)
     cfg = model.config
     g = torch.Generator().manual_seed(0)
     t = args.length
@@ -96,6 +105,84 @@ def make(args: argparse.Namespace) -> None:
     print(f"exported {out / 'checkpoint'}; fixture with {len(anchors)} blocks of {cfg.block_size}")
 
 
+def _make_eagle3(model, out: Path, length: int) -> None:
+    """Our training-time-test logits for every chain that fits: chain c pairs the feature of
+    token c with token c+1 and unrolls ``speculative_steps`` steps (tokens teacher-forced)."""
+    from dspark.model.eagle3 import train_forward
+
+    cfg = model.config
+    g = torch.Generator().manual_seed(0)
+    aux = torch.randn(length, len(cfg.aux_hidden_state_layer_ids) * cfg.target_hidden_size, generator=g)
+    ids = torch.randint(0, cfg.target_vocab_size, (length,), generator=g)
+    steps = cfg.speculative_steps
+    chains = torch.arange(0, length - steps)  # c + steps <= length - 1
+    prev = torch.stack([ids[chains + 1 + j] for j in range(steps)], dim=1)
+    with torch.inference_mode():
+        ours = train_forward(model, aux, ids, torch.zeros(length, dtype=torch.long), chains + 1, prev)
+    torch.save(
+        {
+            "kind": "eagle3",
+            "aux": aux,
+            "input_ids": ids,
+            "chains": chains,
+            "steps": steps,
+            "logits": ours,  # [N, steps, V_d]
+            "embed_tokens": model.embed_tokens.weight.detach().float().clone(),
+            "hidden_size": cfg.hidden_size,
+        },
+        out / "fixture.pt",
+    )
+    print(f"exported {out / 'checkpoint'}; fixture with {len(chains)} chains of {steps} steps")
+
+
+def _check_eagle3(work: Path, fx: dict) -> dict:
+    """speculators' own Eagle3DraftModel forward (its training-time test) on the same inputs,
+    aligned the way its data pipeline does (shift_batch: token t with the feature of t-1,
+    positions from 1), logits captured per step where they reach its loss."""
+    import speculators.models.eagle3.core as eagle3_core
+    from speculators import SpeculatorModel, SpeculatorModelConfig
+
+    config = SpeculatorModelConfig.from_pretrained(str(work / "checkpoint"))
+    config.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
+    model = SpeculatorModel.from_pretrained(str(work / "checkpoint"), config=config).float().eval()
+    # The export leaves the embedding out (vLLM shares the target's); speculators loads it from the
+    # verifier named in the config. Copy it in only if it did not.
+    embed_shared = not torch.equal(model.embed_tokens.weight.float(), fx["embed_tokens"])
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(fx["embed_tokens"])
+    per_step = []
+
+    def capture(logits, targets, loss_mask, prev_correct, ttt_step, *rest, **kwargs):
+        per_step.append(logits.float()[0])
+        return torch.zeros(()), {}
+
+    eagle3_core.compute_metrics = capture
+    aux, ids, steps = fx["aux"], fx["input_ids"], fx["steps"]
+    t = ids.numel() - 1
+    with torch.inference_mode():
+        model(
+            hidden_states=aux[:-1][None],
+            input_ids=ids[1:][None],
+            document_ids=torch.zeros(1, t, dtype=torch.long),
+            loss_mask=torch.ones(1, t, dtype=torch.bool),
+            position_ids=torch.arange(1, t + 1)[None],
+            verifier_last_hidden_states=torch.zeros(1, t, fx["hidden_size"]),
+            ttt_steps=steps,
+        )
+    chains = fx["chains"]
+    theirs = torch.stack([per_step[j][chains] for j in range(steps)], dim=1)  # [N, steps, V_d]
+    ours = fx["logits"]
+    return {
+        "model_class": type(model).__name__,
+        "chains": len(chains),
+        "steps": int(steps),
+        "embed_tokens_copied_in": embed_shared,  # False: speculators loaded the target's itself
+        "logits_max_abs_diff": float((theirs - ours).abs().max()),
+        "logits_scale": float(ours.abs().max()),
+        "argmax_agreement": float((theirs.argmax(-1) == ours.argmax(-1)).float().mean()),
+    }
+
+
 def check(args: argparse.Namespace) -> None:
     import speculators
     import speculators.models.dflash.core as dflash_core
@@ -104,6 +191,14 @@ def check(args: argparse.Namespace) -> None:
 
     work = Path(args.work)
     fx = torch.load(work / "fixture.pt")
+    if fx.get("kind") == "eagle3":
+        report = {"speculators_version": getattr(speculators, "__version__", "0.9.0"), **_check_eagle3(work, fx)}
+        report["tolerance"] = args.tolerance
+        report["pass"] = report["logits_max_abs_diff"] <= args.tolerance
+        print(json.dumps(report, indent=2))
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        sys.exit(0 if report["pass"] else 1)
     config = SpeculatorModelConfig.from_pretrained(str(work / "checkpoint"))
     config.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
     model = SpeculatorModel.from_pretrained(str(work / "checkpoint"), config=config).float().eval()
