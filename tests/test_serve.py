@@ -297,3 +297,31 @@ def test_vllm_handoff(chat_target, draft, tmp_path):
         app, ["vllm-config", str(out), "--target", str(chat_target), "--num-speculative-tokens", "9"]
     )
     assert too_many.exit_code == 2 and "drafts per block" in too_many.output
+
+
+def test_vllm_handoff_for_an_eagle3_drafter(chat_target, tmp_path):
+    made = runner.invoke(
+        app, ["init", "--target", str(chat_target), "--out", str(tmp_path / "e3"), "--method", "eagle3"]
+    )
+    assert made.exit_code == 0, made.output
+    out = tmp_path / "spec"
+    exported = runner.invoke(app, ["export", str(tmp_path / "e3"), "--format", "speculators", "--out", str(out)])
+    assert exported.exit_code == 0, exported.output
+    result = runner.invoke(app, ["vllm-config", str(out), "--target", str(chat_target), "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["speculative_config"]["method"] == "eagle3"
+    assert "eagle_aux_hidden_state_layer_ids present" in info["checks"]
+    steps = json.loads((out / "config.json").read_text())["speculators_config"]["proposal_methods"][0]
+    too_many = runner.invoke(
+        app,
+        [
+            "vllm-config",
+            str(out),
+            "--target",
+            str(chat_target),
+            "--num-speculative-tokens",
+            str(steps["speculative_tokens"] + 1),
+        ],
+    )
+    assert too_many.exit_code == 2 and "chain steps" in too_many.output

@@ -1,6 +1,6 @@
 """The hand-off to vLLM: the ``vllm serve`` command line and ``--speculative-config`` JSON for
-a drafter checkpoint in the speculators format (method ``dspark``, or ``dflash`` for a
-drafter without heads), after checking the checkpoint has what vLLM's method reads.
+a drafter checkpoint in the speculators format (method ``dspark``, ``dflash`` for a drafter
+without heads, or ``eagle3``), after checking the checkpoint has what vLLM's method reads.
 """
 
 from __future__ import annotations
@@ -31,27 +31,14 @@ def vllm_handoff(
         )
     data = read_json(path)
     method = data.get("speculators_model_type")
-    if method not in ("dspark", "dflash"):
-        raise DSparkError(f"{path}: speculators_model_type {method!r}: vLLM's dspark/dflash methods need one of those")
-    checks = []
-    for key in (
-        "transformer_layer_config",
-        "draft_vocab_size",
-        "block_size",
-        "aux_hidden_state_layer_ids",
-        "mask_token_id",
-        "sample_from_anchor",
-    ):
-        if key not in data or data[key] is None:
-            raise DSparkError(f"{path}: field {key!r} is missing; vLLM's {method} method reads it")
-        checks.append(f"{key} present")
-    drafts = data["block_size"] if data["sample_from_anchor"] else data["block_size"] - 1
-    if not 1 <= num_speculative_tokens <= drafts:
+    if method == "eagle3":
+        checks = _eagle3_checks(data, path, num_speculative_tokens)
+    elif method in ("dspark", "dflash"):
+        checks = _block_checks(data, path, method, num_speculative_tokens)
+    else:
         raise DSparkError(
-            f"num_speculative_tokens {num_speculative_tokens} must be in [1, {drafts}] (drafts per block with "
-            f"block_size {data['block_size']}, sample_from_anchor={data['sample_from_anchor']})"
+            f"{path}: speculators_model_type {method!r}: vLLM's dspark, dflash and eagle3 methods need one of those"
         )
-    checks.append(f"num_speculative_tokens {num_speculative_tokens} <= {drafts} drafts per block")
     if (Path(src) / "model.safetensors").is_file() is False:
         raise DSparkError(f"{src}: model.safetensors is missing")
     spec = {"model": str(src.resolve()), "num_speculative_tokens": num_speculative_tokens, "method": method}
@@ -59,3 +46,47 @@ def vllm_handoff(
     if max_model_len:
         args += ["--max-model-len", str(max_model_len)]
     return {"speculative_config": spec, "command": shlex.join(args), "argv": args, "checks": checks}
+
+
+def _require(data: dict, path: Path, method: str, keys: tuple[str, ...]) -> list[str]:
+    for key in keys:
+        if key not in data or data[key] is None:
+            raise DSparkError(f"{path}: field {key!r} is missing; vLLM's {method} method reads it")
+    return [f"{key} present" for key in keys]
+
+
+def _block_checks(data: dict, path: Path, method: str, k: int) -> list[str]:
+    keys = (
+        "transformer_layer_config",
+        "draft_vocab_size",
+        "block_size",
+        "aux_hidden_state_layer_ids",
+        "mask_token_id",
+        "sample_from_anchor",
+    )
+    checks = _require(data, path, method, keys)
+    drafts = data["block_size"] if data["sample_from_anchor"] else data["block_size"] - 1
+    if not 1 <= k <= drafts:
+        raise DSparkError(
+            f"num_speculative_tokens {k} must be in [1, {drafts}] (drafts per block with "
+            f"block_size {data['block_size']}, sample_from_anchor={data['sample_from_anchor']})"
+        )
+    checks.append(f"num_speculative_tokens {k} <= {drafts} drafts per block")
+    return checks
+
+
+def _eagle3_checks(data: dict, path: Path, k: int) -> list[str]:
+    checks = _require(
+        data, path, "eagle3", ("transformer_layer_config", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids")
+    )
+    methods = (data.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    trained = methods[0].get("speculative_tokens")
+    if k < 1:
+        raise DSparkError(f"num_speculative_tokens {k} must be >= 1")
+    if trained is not None and k > int(trained):
+        raise DSparkError(
+            f"num_speculative_tokens {k} exceeds the {trained} chain steps this EAGLE-3 drafter was trained "
+            f"to unroll (speculators_config.proposal_methods[0].speculative_tokens)"
+        )
+    checks.append(f"num_speculative_tokens {k} <= {trained} trained chain steps")
+    return checks
