@@ -769,16 +769,25 @@ def calibrate(
 
 @app.command()
 def plot(
-    results: Annotated[Path, typer.Argument(help="A JSON file written by `dspark bench --out`.")],
+    results: Annotated[
+        Path, typer.Argument(help="A JSON file written by `dspark bench --out` or `dspark calibrate --out`.")
+    ],
     out: Annotated[Path, typer.Option("--out", help="PNG to write.")],
     methods: Annotated[str | None, typer.Option(help="Comma list of method labels to keep (default: all).")] = None,
     n: Annotated[str | None, typer.Option(help="Comma list of draft lengths to keep (default: all).")] = None,
 ) -> None:
-    """Per-position acceptance plot from saved bench results (no re-run)."""
+    """Re-draw a plot from saved results (no re-run): a bench's per-position acceptance, or a
+    calibrate report's reliability diagram."""
+    from dspark.bench.calibration import reliability_plot
     from dspark.bench.speculative import acceptance_plot
 
     try:
-        rows = json.loads(results.read_text())["rows"]
+        data = json.loads(results.read_text())
+        if isinstance(data, dict) and "positions" in data and "rows" not in data:
+            reliability_plot(data, out)
+            typer.echo(f"wrote {out}")
+            return
+        rows = data["rows"]
         keep_m = set(methods.split(",")) if methods else None
         keep_n = set(_parse_ids(n, "--n")) if n else None
         rows = [r for r in rows if (keep_m is None or r["method"] in keep_m) and (keep_n is None or r["n"] in keep_n)]
@@ -788,7 +797,7 @@ def plot(
     except FileNotFoundError:
         _fail(f"{results}: no such file")
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        _fail(f"{results}: not a `dspark bench --out` JSON file ({exc})")
+        _fail(f"{results}: not a `dspark bench --out` or `dspark calibrate --out` JSON file ({exc})")
     except DSparkError as exc:
         _fail(str(exc))
     typer.echo(f"wrote {out}")

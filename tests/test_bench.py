@@ -75,7 +75,10 @@ def test_bench_writes_the_card_table_and_json(tiny_target_dirs, tmp_path):
     empty = runner.invoke(app, ["plot", str(out), "--out", str(png), "--methods", "eagle3"])
     assert empty.exit_code != 0 and "no rows match" in empty.output
     md_as_json = runner.invoke(app, ["plot", str(md), "--out", str(png)])
-    assert md_as_json.exit_code != 0 and "not a `dspark bench --out` JSON file" in md_as_json.output
+    assert (
+        md_as_json.exit_code != 0
+        and "not a `dspark bench --out` or `dspark calibrate --out` JSON file" in md_as_json.output
+    )
 
 
 def test_bench_plot_without_matplotlib_fails_before_running(tiny_target_dirs, tmp_path, monkeypatch):

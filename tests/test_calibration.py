@@ -63,5 +63,8 @@ def test_calibrate_cli_on_a_tiny_drafter(tiny_target_dirs, tmp_path):
     assert report["positions"][0]["count"] > 0  # every verification reaches slot 1
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert "| position k |" in result.stdout
+    replot = runner.invoke(app, ["plot", str(out), "--out", str(tmp_path / "again.png")])
+    assert replot.exit_code == 0, replot.output
+    assert (tmp_path / "again.png").read_bytes()[:4] == b"\x89PNG"
     no_head = runner.invoke(app, ["calibrate", *common, "--draft", str(tmp_path / "dflash")])
     assert no_head.exit_code != 0 and "no confidence head" in no_head.output

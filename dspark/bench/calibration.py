@@ -207,16 +207,17 @@ def calibration_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reliability_plot(report: dict, path: str | Path) -> None:
-    """Reliability diagram: accept rate against mean confidence per bin, one line per position."""
+def reliability_plot(report: dict, path: str | Path, *, min_slots: int = 30, min_bin: int = 5) -> None:
+    """Reliability diagram: accept rate against mean confidence per bin, one line per position
+    with at least ``min_slots`` slots, bins with fewer than ``min_bin`` slots left out."""
     from dspark.bench.speculative import require_matplotlib
 
     plt = require_matplotlib()
     fig, ax = plt.subplots(figsize=(5.5, 5))
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="perfect")
     for p in report["positions"]:
-        rel = p["reliability"]
-        if not rel:
+        rel = [b for b in p["reliability"] if b["count"] >= min_bin]
+        if p["count"] < min_slots or not rel:
             continue
         ax.plot(
             [b["mean_confidence"] for b in rel],
@@ -226,6 +227,7 @@ def reliability_plot(report: dict, path: str | Path) -> None:
         )
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
+    ax.set_title(f"positions with >= {min_slots} slots; bins with >= {min_bin}", fontsize=9)
     ax.set_xlabel("confidence c_k (bin mean)")
     ax.set_ylabel("accept rate | earlier slots accepted")
     ax.grid(alpha=0.3)
