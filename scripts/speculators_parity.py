@@ -192,13 +192,7 @@ def check(args: argparse.Namespace) -> None:
     work = Path(args.work)
     fx = torch.load(work / "fixture.pt")
     if fx.get("kind") == "eagle3":
-        report = {"speculators_version": getattr(speculators, "__version__", "0.9.0"), **_check_eagle3(work, fx)}
-        report["tolerance"] = args.tolerance
-        report["pass"] = report["logits_max_abs_diff"] <= args.tolerance
-        print(json.dumps(report, indent=2))
-        if args.out:
-            Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        sys.exit(0 if report["pass"] else 1)
+        _finish({"speculators_version": getattr(speculators, "__version__", "0.9.0"), **_check_eagle3(work, fx)}, args)
     config = SpeculatorModelConfig.from_pretrained(str(work / "checkpoint"))
     config.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
     model = SpeculatorModel.from_pretrained(str(work / "checkpoint"), config=config).float().eval()
@@ -244,6 +238,12 @@ def check(args: argparse.Namespace) -> None:
     if fx["confidence_logits"] is not None:
         conf = captured["confidence_logits"].float().view(n, b)[:, first : first + ours.shape[1]]
         report["confidence_max_abs_diff"] = float((conf - fx["confidence_logits"]).abs().max())
+    _finish(report, args)
+
+
+def _finish(report: dict, args: argparse.Namespace) -> None:
+    """Pass/fail against the tolerance (logits and, where compared, confidence logits); print,
+    write ``--out``, exit 0 or 1."""
     tol = args.tolerance
     report["tolerance"] = tol
     report["pass"] = report["logits_max_abs_diff"] <= tol and report.get("confidence_max_abs_diff", 0.0) <= tol

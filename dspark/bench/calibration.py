@@ -155,27 +155,29 @@ def calibration_report(per_prompt: list[tuple[str, int, list[Record]]], n: int, 
     records = [r for _, _, recs in per_prompt for r in recs]
     if not records:
         raise DSparkError("no drafted slots were verified: nothing to calibrate (more rows or tokens?)")
-    fit = [r for _, i, recs in per_prompt if i % 2 == 0 for r in recs]
-    held = [r for _, i, recs in per_prompt if i % 2 == 1 for r in recs]
+    # (scores, labels) per position: all prompts, even-numbered (Platt fit), odd (held out)
+    split = {name: [([], []) for _ in range(n)] for name in ("all", "fit", "held")}
+    for _, i, recs in per_prompt:
+        for k, c, y in recs:
+            for name in ("all", "fit" if i % 2 == 0 else "held"):
+                split[name][k][0].append(c)
+                split[name][k][1].append(y)
     positions = []
     for k in range(n):
-        sc = [c for j, c, _ in records if j == k]
-        lab = [y for j, _, y in records if j == k]
+        sc, lab = split["all"][k]
+        (f_sc, f_lab), (h_sc, h_lab) = split["fit"][k], split["held"][k]
         row = {"position": k + 1, **position_metrics(sc, lab, bins), "reliability": reliability_bins(sc, lab, bins)}
-        f_sc = [c for j, c, _ in fit if j == k]
-        f_lab = [y for j, _, y in fit if j == k]
-        h_sc = [c for j, c, _ in held if j == k]
-        h_lab = [y for j, _, y in held if j == k]
         a, b = fit_platt(f_sc, f_lab)
+        scaled = _apply_platt(h_sc, a, b)
         row["platt"] = {
             "a": a,
             "b": b,
             "fit_count": len(f_sc),
             "heldout_count": len(h_sc),
             "heldout_ece_before": ece(h_sc, h_lab, bins),
-            "heldout_ece_after": ece(_apply_platt(h_sc, a, b), h_lab, bins),
+            "heldout_ece_after": ece(scaled, h_lab, bins),
             "heldout_brier_before": brier(h_sc, h_lab),
-            "heldout_brier_after": brier(_apply_platt(h_sc, a, b), h_lab),
+            "heldout_brier_after": brier(scaled, h_lab),
         }
         positions.append(row)
     sc = [c for _, c, _ in records]
