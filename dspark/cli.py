@@ -169,6 +169,13 @@ def generate_cmd(
     confidence_threshold: Annotated[
         float | None, typer.Option(help="Stop a draft once the predicted survival prod(c_i) falls below this.")
     ] = None,
+    cost_model: Annotated[
+        str | None,
+        typer.Option(
+            help="Draft length per step from a cost model: 'auto' measures this machine's target and "
+            "draft times first (seconds), or a StepCost JSON file (docs/decoding.md)."
+        ),
+    ] = None,
     check_lossless: Annotated[
         bool, typer.Option(help="Also run plain greedy decoding and compare token by token (exit 1 on mismatch).")
     ] = False,
@@ -196,7 +203,9 @@ def generate_cmd(
         elif name in DRAFTER_METHODS:
             draft_dir = resolve_draft(draft, name)
         tgt = TargetModel.from_pretrained(resolve_target(target), device=_device(device), dtype=_torch_dtype(dtype))
-        drafter = make_drafter(name, tgt, draft_dir=draft_dir, confidence_threshold=confidence_threshold)
+        drafter = make_drafter(
+            name, tgt, draft_dir=draft_dir, confidence_threshold=confidence_threshold, cost_model=cost_model
+        )
         engine = make_engine(tgt, drafter, num_speculative_tokens)
         prompt_ids = _encode(tgt, prompt, chat)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -224,6 +233,8 @@ def generate_cmd(
         "temperature": temperature,
         "seed": seed,
         "lossless": lossless,
+        "drafted_tokens": result.drafted_tokens,
+        "step_cost": step_cost.to_dict() if (step_cost := getattr(drafter, "step_cost", None)) else None,
     }
     if check_lossless and not params.greedy:
         report["lossless_note"] = (
@@ -528,6 +539,13 @@ def serve_cmd(
     confidence_threshold: Annotated[
         float | None, typer.Option(help="Stop a draft once the predicted survival prod(c_i) falls below this.")
     ] = None,
+    cost_model: Annotated[
+        str | None,
+        typer.Option(
+            help="Draft length per step from a cost model: 'auto' measures this machine's target and "
+            "draft times first (seconds), or a StepCost JSON file (docs/decoding.md)."
+        ),
+    ] = None,
     served_model_name: Annotated[
         str | None, typer.Option(help="Model id clients send (default: target dir name).")
     ] = None,
@@ -571,6 +589,7 @@ def serve_cmd(
                 max_model_len=max_model_len,
                 model_name=served_model_name,
                 confidence_threshold=confidence_threshold,
+                cost_model=cost_model,
                 shutdown_grace=shutdown_grace,
             ),
             log=lambda m: typer.echo(m, err=True),
@@ -624,8 +643,9 @@ def bench_cmd(
     methods: Annotated[
         str,
         typer.Option(
-            help="Comma list of baseline, ngram, dspark, dflash, eagle3, or LABEL=PATH[@THRESHOLD] "
-            "(any drafter checkpoint; @t truncates blocks by confidence)."
+            help="Comma list of baseline, ngram, dspark, dflash, eagle3, or LABEL=PATH (any drafter "
+            "checkpoint). A DSpark entry may end in @T (truncate blocks at confidence survival T), "
+            "@cost (draft length from this machine's measured step cost) or @cost=FILE."
         ),
     ] = "baseline,ngram,dspark",
     draft_dflash: Annotated[

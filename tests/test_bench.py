@@ -115,7 +115,7 @@ def test_bench_compares_peers_in_one_run(tiny_target_dirs, tmp_path):
             "--target",
             target,
             "--methods",
-            f"dspark,dflash,eagle3,conf={tmp_path / 'dspark'}@0.5",
+            f"dspark,dflash,eagle3,conf={tmp_path / 'dspark'}@0.5,dspark@cost",
             "--draft",
             str(tmp_path / "dspark"),
             "--draft-dflash",
@@ -136,8 +136,11 @@ def test_bench_compares_peers_in_one_run(tiny_target_dirs, tmp_path):
     )
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())["rows"]
-    assert [r["method"] for r in rows] == ["baseline", "dspark", "dflash", "eagle3", "conf"]
+    assert [r["method"] for r in rows] == ["baseline", "dspark", "dflash", "eagle3", "conf", "dspark@cost"]
     assert all(r["lossless"] is True for r in rows)
+    cost = rows[-1]["step_cost"]  # measured on this machine before the timed loop, kept with the row
+    assert len(cost["verify_seconds"]) == 9 and cost["draft_seconds"] > 0  # block 8: 1..9 tokens
+    assert "step_cost" not in rows[1] and rows[-1]["drafts_per_step"] <= 3
     assert all(r["tokens"] == rows[0]["tokens"] for r in rows)
     assert "eagle3 n=3" in result.stdout
     # a wrong pairing is named, not run

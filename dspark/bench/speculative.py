@@ -30,6 +30,7 @@ class Cell:
     accepts: list[int] = field(default_factory=list)
     mismatches: int = 0
     prompts: int = 0
+    drafted: int = 0  # draft tokens sent to verification
     timings: dict = field(default_factory=dict)  # decode seconds by stage, summed over prompts
 
     def add(self, result, baseline_tokens: list[int] | None) -> None:
@@ -37,6 +38,7 @@ class Cell:
         self.tokens += len(result.tokens) - 1  # decode-loop tokens (the first comes from the prefill)
         self.decode_seconds += result.decode_seconds
         self.forwards += result.target_forwards
+        self.drafted += result.drafted_tokens
         self.emitted += len(result.tokens) - 1
         if not self.attempts:
             self.attempts = [0] * len(result.position_attempts)
@@ -55,19 +57,38 @@ class Cell:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One column group of the table: a method, and for drafters its checkpoint."""
+    """One column group of the table: a method, and for drafters its checkpoint and draft-length rule."""
 
     label: str
     method: str  # baseline | ngram | dspark | dflash | eagle3
     draft_dir: Path | None = None
     confidence_threshold: float | None = None
+    cost_model: str | None = None  # "auto" or a StepCost JSON path
+
+
+def _draft_rule(entry: str, rule: str) -> tuple[float | None, str | None]:
+    """``@0.5`` -> confidence threshold 0.5; ``@cost`` -> measured cost model; ``@cost=FILE``."""
+    from dspark.errors import DSparkError
+
+    if rule == "cost":
+        return None, "auto"
+    if rule.startswith("cost="):
+        return None, rule.removeprefix("cost=")
+    try:
+        return float(rule), None
+    except ValueError:
+        raise DSparkError(
+            f"--methods {entry!r}: {rule!r} after @ is neither a confidence threshold nor cost[=FILE]"
+        ) from None
 
 
 def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> list[MethodSpec]:
     """``--methods``: comma list of ``baseline``, ``ngram``, ``dspark``, ``dflash``, ``eagle3``
-    (drafter dirs from ``drafts`` or the embedded defaults) or ``LABEL=PATH[@THRESHOLD]``
-    (any drafter checkpoint under its own label; ``@t`` turns on confidence truncation at t).
-    The baseline is always first."""
+    (drafter dirs from ``drafts`` or the embedded defaults) or ``LABEL=PATH`` (any drafter
+    checkpoint under its own label). A drafter entry may end in a draft-length rule:
+    ``@0.5`` truncates at that confidence survival, ``@cost`` picks the length from this
+    machine's measured step cost (``@cost=FILE`` from a saved one); the label keeps the
+    suffix unless one is given. The baseline is always first."""
     from dspark.decoding.factory import METHODS, checkpoint_method
     from dspark.defaults import resolve_draft
     from dspark.errors import DSparkError
@@ -77,20 +98,20 @@ def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> li
     for entry in (e.strip() for e in text.split(",")):
         if not entry or entry == "baseline":
             continue
-        if "=" in entry:
-            label, _, path = entry.partition("=")
-            threshold = None
-            if "@" in path:
-                path, _, t = path.rpartition("@")
-                try:
-                    threshold = float(t)
-                except ValueError:
-                    raise DSparkError(f"--methods {entry!r}: {t!r} after @ is not a confidence threshold") from None
-            specs.append(MethodSpec(label, checkpoint_method(Path(path)), Path(path), threshold))
-        elif entry == "ngram":
+        label, sep, rest = entry.partition("=")
+        if sep and "@" not in label:  # LABEL=PATH[@RULE]
+            path, threshold, cost = rest, None, None
+            if "@" in rest:
+                path, _, rule = rest.rpartition("@")
+                threshold, cost = _draft_rule(entry, rule)
+            specs.append(MethodSpec(label, checkpoint_method(Path(path)), Path(path), threshold, cost))
+            continue
+        name, _, rule = entry.partition("@")
+        threshold, cost = _draft_rule(entry, rule) if rule else (None, None)
+        if name == "ngram" and not rule:
             specs.append(MethodSpec("ngram", "ngram"))
-        elif entry in DRAFTER_METHODS:
-            specs.append(MethodSpec(entry, entry, resolve_draft(drafts.get(entry), entry)))
+        elif name in DRAFTER_METHODS:
+            specs.append(MethodSpec(entry, name, resolve_draft(drafts.get(name), name), threshold, cost))
         else:
             raise DSparkError(f"unknown method {entry!r}; choose from {', '.join(METHODS)} or LABEL=PATH")
     labels = [s.label for s in specs]
@@ -116,7 +137,11 @@ def run_bench(
     params = SamplingParams(temperature=temperature)
     drafters = {
         spec.label: make_drafter(
-            spec.method, target, draft_dir=spec.draft_dir, confidence_threshold=spec.confidence_threshold
+            spec.method,
+            target,
+            draft_dir=spec.draft_dir,
+            confidence_threshold=spec.confidence_threshold,
+            cost_model=spec.cost_model,
         )
         for spec in methods
         if spec.method != "baseline"
@@ -146,7 +171,10 @@ def run_bench(
                     cells[key].timings[name_] = cells[key].timings.get(name_, 0.0) + total - before.get(stage, 0.0)
         out_rows.append(_row(name, "baseline", 0, base_cell, base_cell, params))
         for (method, n), cell in cells.items():
-            out_rows.append(_row(name, method, n, cell, base_cell, params))
+            row = _row(name, method, n, cell, base_cell, params)
+            if (cost := getattr(drafters[method], "step_cost", None)) is not None:
+                row["step_cost"] = cost.to_dict()  # measured once, before the timed loop
+            out_rows.append(row)
     return out_rows
 
 
@@ -165,6 +193,7 @@ def _row(dataset: str, method: str, n: int, cell: Cell, base: Cell, params: Samp
         "tokens": cell.tokens,
         "decode_seconds": cell.decode_seconds,
         "target_forwards": cell.forwards,
+        "drafts_per_step": cell.drafted / cell.forwards if cell.forwards else 0.0,
         "timings": cell.timings,
     }
 

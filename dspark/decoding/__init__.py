@@ -1,5 +1,6 @@
 """Propose -> verify -> accept: the drafters, the verifiers and the engine."""
 
+from dspark.decoding.draft_length import StepCost, measure_step_cost
 from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, NgramDrafter, Proposal
 from dspark.decoding.engine import GenerationResult, SpeculativeEngine
 from dspark.decoding.sampling import SamplingParams
@@ -14,7 +15,9 @@ __all__ = [
     "Proposal",
     "SamplingParams",
     "SpeculativeEngine",
+    "StepCost",
     "Verdict",
+    "measure_step_cost",
     "verify_greedy",
     "verify_sampling",
 ]

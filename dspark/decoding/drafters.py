@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from dspark.decoding.draft_length import StepCost
 from dspark.decoding.sampling import SamplingParams, probabilities
 from dspark.model.dspark import DSparkDraftModel
 
@@ -101,17 +102,26 @@ class DSparkDrafter:
     needs_aux_hidden = True
 
     def __init__(
-        self, model: DSparkDraftModel, *, target_vocab_size: int, confidence_threshold: float | None = None
+        self,
+        model: DSparkDraftModel,
+        *,
+        target_vocab_size: int,
+        confidence_threshold: float | None = None,
+        step_cost: StepCost | None = None,
     ) -> None:
         if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
             raise ValueError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
         if confidence_threshold is not None and model.confidence_head is None:
             raise ValueError("confidence_threshold needs a drafter with a confidence head")
+        if step_cost is not None and confidence_threshold is not None:
+            raise ValueError("choose one draft-length rule: a confidence threshold or a step cost model")
         self.model = model.eval()
         self.config = model.config
         self.name = self.config.method
         self.target_vocab_size = target_vocab_size
         self.confidence_threshold = confidence_threshold
+        self._step_cost = None
+        self.step_cost = step_cost  # cost-model draft length (dspark.decoding.draft_length)
         self._draft_to_target = model.draft_to_target
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._ctx_len = 0
@@ -121,6 +131,16 @@ class DSparkDrafter:
     @property
     def max_draft_tokens(self) -> int:
         return self.config.drafts_per_block
+
+    @property
+    def step_cost(self) -> StepCost | None:
+        return self._step_cost
+
+    @step_cost.setter
+    def step_cost(self, cost: StepCost | None) -> None:
+        if cost is not None and self.model.confidence_head is None:
+            raise ValueError("a cost-model draft length needs a drafter with a confidence head")
+        self._step_cost = cost
 
     @property
     def device(self) -> torch.device:
@@ -172,7 +192,8 @@ class DSparkDrafter:
         tokens: list[int] = []
         draft_rows: list[torch.Tensor] = []
         conf: list[torch.Tensor] = []
-        survival = 1.0
+        survival, expected = 1.0, 1.0
+        cost = self._step_cost
         prev = int(anchor)
         state = None
         for j in range(k):
@@ -184,8 +205,13 @@ class DSparkDrafter:
                 logits = logits + bias.float()
             if model.confidence_head is not None:
                 c = torch.sigmoid(model.confidence_logit(slot_hidden[j], None if prev_emb is None else prev_emb[0]))
-                if self.confidence_threshold is not None:
-                    # Early stop: the rule sees only this slot and earlier ones.
+                # Early stops: both rules see only this slot's confidence and earlier ones.
+                if cost is not None:
+                    if not cost.include(expected, survival * float(c), float(c), j, k):
+                        break
+                    survival *= float(c)
+                    expected += survival
+                elif self.confidence_threshold is not None:
                     survival *= float(c)
                     if survival < self.confidence_threshold:
                         break

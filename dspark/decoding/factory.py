@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.decoding.draft_length import StepCost, measure_step_cost
 from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, NgramDrafter
 from dspark.decoding.engine import SpeculativeEngine
 from dspark.errors import DSparkError
@@ -42,8 +43,13 @@ def make_drafter(
     *,
     draft_dir: str | Path | None = None,
     confidence_threshold: float | None = None,
+    cost_model: str | Path | None = None,
     dtype: torch.dtype | None = None,
 ) -> Drafter | None:
+    """``cost_model``: ``"auto"`` measures this machine's step cost now (a few seconds), a path
+    loads a saved `StepCost` JSON; either picks each step's draft length (draft_length.py)."""
+    if cost_model is not None and method not in ("dspark", "dflash"):
+        raise DSparkError(f"--cost-model needs a drafter with a confidence head; {method} has none")
     if method == "baseline":
         return None
     if method == "ngram":
@@ -78,7 +84,18 @@ def make_drafter(
                 raise DSparkError("--confidence-threshold needs a drafter with a confidence head (eagle3 has none)")
             return Eagle3Drafter(model, target_vocab_size=target.vocab_size)
         try:
-            return DSparkDrafter(model, target_vocab_size=target.vocab_size, confidence_threshold=confidence_threshold)
+            drafter = DSparkDrafter(
+                model, target_vocab_size=target.vocab_size, confidence_threshold=confidence_threshold
+            )
+            if cost_model is not None:
+                if confidence_threshold is not None:
+                    raise ValueError("choose --confidence-threshold or --cost-model, not both")
+                if model.confidence_head is None:
+                    raise ValueError("--cost-model needs a drafter with a confidence head")
+                drafter.step_cost = (
+                    measure_step_cost(target, drafter) if str(cost_model) == "auto" else StepCost.load(cost_model)
+                )
+            return drafter
         except ValueError as exc:
             raise DSparkError(f"{draft_dir}: {exc}") from None
     raise DSparkError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")

@@ -23,6 +23,7 @@ class ServeOptions:
     max_model_len: int | None = None
     model_name: str | None = None
     confidence_threshold: float | None = None
+    cost_model: str | None = None  # "auto" or a StepCost JSON: per-step draft length
     shutdown_grace: float = 10.0
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
@@ -48,7 +49,11 @@ def build_app(opts: ServeOptions):
         raise DSparkError("--num-speculative-tokens > 0 needs a drafter (--draft)")
     drafter = (
         make_drafter(
-            checkpoint_method(opts.draft), target, draft_dir=opts.draft, confidence_threshold=opts.confidence_threshold
+            checkpoint_method(opts.draft),
+            target,
+            draft_dir=opts.draft,
+            confidence_threshold=opts.confidence_threshold,
+            cost_model=opts.cost_model,
         )
         if speculative
         else None
