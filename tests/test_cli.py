@@ -93,6 +93,8 @@ def test_ngram_and_baseline_methods(tiny_target_dirs):
     [
         (["--num-speculative-tokens", "9"], "larger than"),
         (["--confidence-threshold", "1.5"], "confidence_threshold"),
+        (["--cost-model", "no-such-cost.json"], "step cost file not found"),
+        (["--cost-model", "auto", "--confidence-threshold", "0.5"], "not both"),
     ],
 )
 def test_bad_generate_flags(tiny_target_dirs, drafter_dir, args, message):
