@@ -3,8 +3,8 @@
 #   1. ablation: DFlash (rank 0, no confidence head) vs DSpark rank 64 (shipped) vs DSpark rank 64
 #      without confidence head vs DSpark rank 256, greedy, n=3,7, one run. The two ablation
 #      drafters come from ABLATIONS=1 bash scripts/train_default_drafter.sh (.cache/smollm2).
-#   2. confidence threshold sweep: the shipped DSpark at n=7 without truncation and with
-#      survival thresholds 0.2, 0.35, 0.5, 0.7, one run.
+#   2. draft-length sweep: the shipped DSpark at n=7 without truncation, with survival
+#      thresholds 0.2, 0.35, 0.5, 0.7, and with the cost-model rule (dspark@cost), one run.
 #   3. calibration of the shipped drafter's confidence head on the benchmark prompts (held out
 #      from training): ECE, AUROC, Brier per position, reliability diagram.
 #   ROWS (5) prompts per dataset, TOKENS (128) new tokens; CAL_ROWS (10); PARTS picks stages.
@@ -29,7 +29,7 @@ for part in ${PARTS:-ablation threshold calibration}; do
         --out "$OUT/ablation-smollm2-cpu.json" --markdown "$OUT/ablation-smollm2-cpu.md" ;;
     threshold)
       .venv/bin/dspark bench --datasets gsm8k,humaneval --rows "$ROWS" --max-new-tokens "$TOKENS" --n 7 \
-        --methods "dspark,conf0.2=$DSPARK@0.2,conf0.35=$DSPARK@0.35,conf0.5=$DSPARK@0.5,conf0.7=$DSPARK@0.7" \
+        --methods "dspark,conf0.2=$DSPARK@0.2,conf0.35=$DSPARK@0.35,conf0.5=$DSPARK@0.5,conf0.7=$DSPARK@0.7,dspark@cost" \
         --out "$OUT/confidence-threshold-smollm2-cpu.json" --markdown "$OUT/confidence-threshold-smollm2-cpu.md" ;;
     calibration)
       .venv/bin/dspark calibrate --draft "$DSPARK" --datasets gsm8k,humaneval --rows "$CAL_ROWS" --n 7 \

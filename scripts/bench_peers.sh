@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The peer comparison of docs/RESULTS.md, in one process per temperature: plain decoding,
 # n-gram, EAGLE-3, DFlash and DSpark (the three drafters shipped under models/, trained on
-# the same data with the same budget), plus the inference-time ablation "DSpark with
-# confidence truncation" (survival threshold 0.5) and, when ABLATIONS=1 of
+# the same data with the same budget), plus DSpark with its draft length picked per step from
+# this machine's measured step cost (dspark@cost, docs/benchmarking.md) and, when ABLATIONS=1 of
 # scripts/train_default_drafter.sh has trained it, DSpark with Markov rank 256. Methods run
 # interleaved prompt by prompt; greedy rows are checked token for token against plain decoding.
 #   ROWS (6) prompts per dataset, TOKENS (128) new tokens per prompt; ~35 min on 2 CPU cores.
@@ -26,7 +26,7 @@ for part in ${PARTS:-greedy t0.8}; do
   case $part in
     greedy)
       .venv/bin/dspark bench --datasets gsm8k,humaneval --rows "$ROWS" --max-new-tokens "$TOKENS" --n 3,7 \
-        --methods "ngram,eagle3,dflash,dspark,dspark+conf0.5=models/smollm2-135m-dspark@0.5$EXTRA" \
+        --methods "ngram,eagle3,dflash,dspark,dspark@cost$EXTRA" \
         --out "$OUT/peers-greedy-smollm2-cpu.json" --markdown "$OUT/peers-greedy-smollm2-cpu.md"
       .venv/bin/dspark plot "$OUT/peers-greedy-smollm2-cpu.json" --n 7 --methods "ngram,eagle3,dflash,dspark${R256:+,dspark-r256}" \
         --out "$OUT/peers-acceptance-smollm2-cpu.png" ;;
