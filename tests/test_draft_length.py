@@ -7,6 +7,7 @@ import torch
 from helpers import untrained_drafter
 
 from dspark.decoding import DSparkDrafter, SamplingParams, SpeculativeEngine, StepCost, measure_step_cost
+from dspark.decoding.draft_length import monotone_costs
 from dspark.errors import DSparkError
 
 PROMPT = "def add(a, b):\n    return"
@@ -41,6 +42,13 @@ def test_expected_best_agrees_with_the_sequential_rule_for_constant_confidence()
         assert n == best, c
 
 
+def test_measured_costs_are_made_non_decreasing():
+    # a slow spell at 4 tokens (0.264) must not make 5+ tokens look cheaper than 4
+    measured = [0.0745, 0.1214, 0.149, 0.2644, 0.1285, 0.1396, 0.1554, 0.1514, 0.1258]
+    assert monotone_costs(measured) == [0.0745, 0.1214, 0.1258, 0.1258, 0.1258, 0.1258, 0.1258, 0.1258, 0.1258]
+    assert monotone_costs([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+
+
 def test_step_cost_file_round_trip_and_errors(tmp_path):
     path = tmp_path / "cost.json"
     KINK.save(path)
@@ -63,6 +71,7 @@ def test_measured_cost_leaves_target_and_drafter_usable(tiny_targets):
     cost = measure_step_cost(target, drafter, repeats=2)
     assert len(cost.verify_seconds) == drafter.max_draft_tokens + 1
     assert all(t > 0 for t in cost.verify_seconds) and cost.draft_seconds > 0
+    assert list(cost.verify_seconds) == sorted(cost.verify_seconds)
     assert target.cache_len == 0
     ids = target.tokenizer(PROMPT)["input_ids"]
     plain = SpeculativeEngine(target).generate(ids, max_new_tokens=20, stop_token_ids=set())

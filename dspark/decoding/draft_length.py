@@ -102,14 +102,26 @@ class StepCost:
         return cls.from_dict(data)
 
 
+def monotone_costs(seconds: list[float]) -> list[float]:
+    """Noise on a shared machine only ever adds time, and a forward over more tokens does not
+    cost less: keep T(m) = min over m' >= m of the measured T(m'), a non-decreasing curve."""
+    out = list(seconds)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
+
+
 @torch.inference_mode()
 def measure_step_cost(target, drafter, *, repeats: int = 5, context_tokens: int = 96) -> StepCost:
     """Median wall time of target forwards over 1 .. max_draft_tokens + 1 new tokens after a
-    ``context_tokens`` prefix, and of one full proposal. Leaves the target's cache empty."""
+    ``context_tokens`` prefix (made non-decreasing, `monotone_costs`), and of one full
+    proposal. Leaves the target's cache empty."""
     from dspark.decoding.sampling import SamplingParams
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if context_tokens < 8 + drafter.max_draft_tokens + 1:
+        raise ValueError(f"context_tokens must be >= {8 + drafter.max_draft_tokens + 1}, got {context_tokens}")
     k = drafter.max_draft_tokens
     device = target.device
     saved_cost = getattr(drafter, "step_cost", None)
@@ -121,19 +133,20 @@ def measure_step_cost(target, drafter, *, repeats: int = 5, context_tokens: int 
     capture = getattr(drafter, "needs_aux_hidden", False)
     target.reset()
     step = target.forward(ids, capture=capture)
-    verify = []
-    for m in range(1, k + 2):
-        times = []
-        for r in range(repeats + 1):  # one warm-up per shape
-            new = ids[r : r + m]
+    # Repeats go round-robin over the shapes, so a slow spell of a shared machine touches
+    # every shape alike instead of one; the first round is a warm-up.
+    times: list[list[float]] = [[] for _ in range(k + 1)]
+    for r in range(repeats + 1):
+        for m in range(1, k + 2):
+            new = ids[r % 8 : r % 8 + m]
             sync()
             t0 = time.perf_counter()
             target.forward(new, capture=capture)
             sync()
             if r:
-                times.append(time.perf_counter() - t0)
+                times[m - 1].append(time.perf_counter() - t0)
             target.crop(context_tokens)
-        verify.append(statistics.median(times))
+    verify = monotone_costs([statistics.median(t) for t in times])
     drafter.begin(ids, step.aux_hidden)
     params = SamplingParams()
     draft = []
