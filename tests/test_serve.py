@@ -256,7 +256,10 @@ def test_stop_strings_are_cut_and_never_leak():
 
 
 def test_graceful_shutdown_finishes_the_request_in_flight(chat_target, draft):
-    proc, base = start_server(chat_target, draft, "--num-speculative-tokens", "3", "--shutdown-grace", "30")
+    # (this server also measures its step cost at start-up and picks draft lengths with it)
+    proc, base = start_server(
+        chat_target, draft, "--num-speculative-tokens", "3", "--shutdown-grace", "30", "--cost-model", "auto"
+    )
     result = {}
 
     def slow():
