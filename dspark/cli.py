@@ -150,6 +150,19 @@ def init_cmd(
     )
 
 
+# Draft-length rules, shared by generate and serve (docs/benchmarking.md).
+ConfidenceThresholdOption = Annotated[
+    float | None, typer.Option(help="Stop a draft once the predicted survival prod(c_i) falls below this.")
+]
+CostModelOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Draft length per step from a cost model: 'auto' measures this machine's target and "
+        "draft times first (seconds), or a StepCost JSON file (docs/benchmarking.md)."
+    ),
+]
+
+
 @app.command("generate")
 def generate_cmd(
     prompt: Annotated[str, typer.Option(help="Prompt text.")],
@@ -166,16 +179,8 @@ def generate_cmd(
     num_speculative_tokens: Annotated[
         int | None, typer.Option(help="Drafts verified per step (default: min(7, drafts per block)).")
     ] = None,
-    confidence_threshold: Annotated[
-        float | None, typer.Option(help="Stop a draft once the predicted survival prod(c_i) falls below this.")
-    ] = None,
-    cost_model: Annotated[
-        str | None,
-        typer.Option(
-            help="Draft length per step from a cost model: 'auto' measures this machine's target and "
-            "draft times first (seconds), or a StepCost JSON file (docs/decoding.md)."
-        ),
-    ] = None,
+    confidence_threshold: ConfidenceThresholdOption = None,
+    cost_model: CostModelOption = None,
     check_lossless: Annotated[
         bool, typer.Option(help="Also run plain greedy decoding and compare token by token (exit 1 on mismatch).")
     ] = False,
@@ -536,16 +541,8 @@ def serve_cmd(
     max_model_len: Annotated[
         int | None, typer.Option(help="Prompt + generated tokens allowed (default: the target's positions).")
     ] = None,
-    confidence_threshold: Annotated[
-        float | None, typer.Option(help="Stop a draft once the predicted survival prod(c_i) falls below this.")
-    ] = None,
-    cost_model: Annotated[
-        str | None,
-        typer.Option(
-            help="Draft length per step from a cost model: 'auto' measures this machine's target and "
-            "draft times first (seconds), or a StepCost JSON file (docs/decoding.md)."
-        ),
-    ] = None,
+    confidence_threshold: ConfidenceThresholdOption = None,
+    cost_model: CostModelOption = None,
     served_model_name: Annotated[
         str | None, typer.Option(help="Model id clients send (default: target dir name).")
     ] = None,

@@ -113,8 +113,6 @@ class DSparkDrafter:
             raise ValueError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
         if confidence_threshold is not None and model.confidence_head is None:
             raise ValueError("confidence_threshold needs a drafter with a confidence head")
-        if step_cost is not None and confidence_threshold is not None:
-            raise ValueError("choose one draft-length rule: a confidence threshold or a step cost model")
         self.model = model.eval()
         self.config = model.config
         self.name = self.config.method
@@ -140,6 +138,8 @@ class DSparkDrafter:
     def step_cost(self, cost: StepCost | None) -> None:
         if cost is not None and self.model.confidence_head is None:
             raise ValueError("a cost-model draft length needs a drafter with a confidence head")
+        if cost is not None and self.confidence_threshold is not None:
+            raise ValueError("choose one draft-length rule, a confidence threshold or a cost model, not both")
         self._step_cost = cost
 
     @property

@@ -87,11 +87,7 @@ def make_drafter(
             drafter = DSparkDrafter(
                 model, target_vocab_size=target.vocab_size, confidence_threshold=confidence_threshold
             )
-            if cost_model is not None:
-                if confidence_threshold is not None:
-                    raise ValueError("choose --confidence-threshold or --cost-model, not both")
-                if model.confidence_head is None:
-                    raise ValueError("--cost-model needs a drafter with a confidence head")
+            if cost_model is not None:  # the setter checks head and rule
                 drafter.step_cost = (
                     measure_step_cost(target, drafter) if str(cost_model) == "auto" else StepCost.load(cost_model)
                 )
