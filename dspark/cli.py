@@ -367,6 +367,63 @@ def train_cmd(
     typer.echo(json.dumps({k: last[k] for k in ("step", "loss", "sim_accept_len") if k in last}))
 
 
+@app.command("evaluate")
+def evaluate_cmd(
+    data: Annotated[Path, typer.Option(help="JSONL of {input_ids, loss_mask} rows, as `dspark datagen` writes.")],
+    draft: Annotated[Path | None, typer.Option(help="DSpark / DFlash drafter (default: the embedded one).")] = None,
+    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    skip: Annotated[int, typer.Option(min=0, help="Leave out the first SKIP rows (e.g. the ones trained on).")] = 0,
+    rows: Annotated[int, typer.Option(min=1, help="Rows to evaluate after SKIP.")] = 64,
+    anchors: Annotated[int, typer.Option(min=1, help="Blocks sampled per row.")] = 32,
+    max_len: Annotated[int, typer.Option(min=2, help="Cut each row to this many tokens.")] = 512,
+    seed: Annotated[int, typer.Option(help="Anchor sampling seed.")] = 0,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Teacher-forced acceptance of a block drafter on a data file: a quick check before serving."""
+    from tqdm import tqdm
+
+    from dspark.defaults import resolve_draft, resolve_target
+    from dspark.model.checkpoint import load_drafter
+    from dspark.model.pairing import check_fits
+    from dspark.target import TargetModel
+    from dspark.training.data import load_examples
+    from dspark.training.evaluate import simulated_accept_len
+
+    try:
+        examples = load_examples(data, max_len=max_len)[skip : skip + rows]
+        if not examples:
+            raise DSparkError(f"{data}: no rows left after --skip {skip}")
+        draft_dir = resolve_draft(draft, "dspark")
+        tgt = TargetModel.from_pretrained(resolve_target(target), device=_device(device))
+        model = load_drafter(
+            draft_dir,
+            device=tgt.device,
+            dtype=tgt.dtype,
+            target_embedding=tgt.embedding_weight(),
+            target_lm_head=tgt.lm_head_weight(),
+            num_target_layers=tgt.num_layers,
+        )
+        check_fits(model.config, tgt)
+        with tqdm(total=len(examples), desc="evaluate", unit="row", disable=as_json) as bar:
+            report = simulated_accept_len(model, tgt, examples, max_anchors=anchors, seed=seed, on_example=bar.update)
+    except DSparkError as exc:
+        _fail(str(exc))
+    report = {"draft": str(draft_dir), "data": str(data), "skip": skip, **report}
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    typer.echo(
+        f"teacher-forced accept_len {report['sim_accept_len']:.3f} over {report['blocks']} blocks "
+        f"in {report['sequences']} rows"
+    )
+    typer.echo("slot  survive  match  tv")
+    for k, (s, m, t) in enumerate(
+        zip(report["per_position_acceptance"], report["per_position_match"], report["tv_per_position"], strict=True), 1
+    ):
+        typer.echo(f"{k:>4}  {s:7.3f}  {m:5.3f}  {t:.3f}")
+
+
 class SourceKind(str, Enum):
     speculators = "speculators"
     gguf = "gguf"

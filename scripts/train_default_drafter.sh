@@ -10,6 +10,8 @@
 #   5. dspark train: recipes/smollm2-135m-{dspark,dflash,eagle3}.yaml (METHODS= picks some),
 #      same data, vocab, features and step budget
 #   6. copy each final drafter to models/smollm2-135m-<method> (bf16, without the target's embedding)
+#      with TRAINING.json: budget, loss, teacher-forced accept_len on 64 training rows and, with
+#      HELDOUT=FILE (a longer datagen output of the same prompts), on the 64 rows after the trained ones
 #   7. ABLATIONS=1: recipes/ablations/*.yaml too (Markov rank 256, no confidence head)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,37 +55,7 @@ fi
   --aux-layers 2,15,27 --seq-len 512
 for method in ${METHODS:-dspark dflash eagle3}; do
   .venv/bin/dspark train --config "recipes/smollm2-135m-$method.yaml"
-  .venv/bin/python - "$method" <<'PY'
-import json, statistics, sys
-from pathlib import Path
-import torch
-from dspark.defaults import default_draft_dir, default_target_dir
-from dspark.model.checkpoint import load_drafter, save_drafter
-from dspark.target import TargetModel
-method = sys.argv[1]
-run = Path(f".cache/smollm2/run-{method}")
-target = TargetModel.from_pretrained(default_target_dir())
-model = load_drafter(run / "final", target_embedding=target.embedding_weight())
-out = default_draft_dir(method)
-save_drafter(model, out, dtype=torch.bfloat16, include_embeddings=False)
-log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
-tail = log[-30:]  # the last 300 steps (log_every 10)
-rows = [json.loads(line) for line in open(".cache/smollm2/data.jsonl")]
-summary = {
-    "recipe": f"recipes/smollm2-135m-{method}.yaml",
-    "data": f"{len(rows)} prompts from scripts/train_default_drafter.sh, answered greedily by the target "
-    f"(<= 256 new tokens): {sum(sum(r['loss_mask']) for r in rows):,} assistant tokens",
-    "source": "offline (dspark cache-features, aux layers 2,15,27)",
-    "steps": log[-1]["step"],
-    "wall_minutes": round(sum(r["step_seconds"] for r in log) * 10 / 60, 1),
-    "final_loss_mean_last_300_steps": statistics.mean(r["loss"] for r in tail),
-    "sim_accept_len_mean_last_300_steps": statistics.mean(r["sim_accept_len"] for r in tail),
-    "machine": "2 CPU cores (shared), torch " + torch.__version__,
-    "note": "sim_accept_len is teacher-forced on training sequences (1 + expected accepted drafts per block)",
-}
-(out / "TRAINING.json").write_text(json.dumps(summary, indent=2) + "\n")
-print("wrote", out, summary)
-PY
+  .venv/bin/python scripts/export_default_drafter.py "$method"
 done
 # ABLATIONS=1: also the ablation recipes (not shipped; they stay in .cache/smollm2/run-*).
 if [ "${ABLATIONS:-}" = 1 ]; then

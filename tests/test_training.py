@@ -1,5 +1,6 @@
 """Training on a tiny target: it learns, resumes exactly, and refuses damaged checkpoints."""
 
+import itertools
 import json
 import shutil
 
@@ -9,6 +10,7 @@ from helpers import untrained_drafter
 
 from dspark.decoding import DSparkDrafter, SpeculativeEngine
 from dspark.errors import CheckpointError
+from dspark.model.checkpoint import load_drafter
 from dspark.training.data import InProcessSource, OnlineSource, load_examples
 from dspark.training.datagen import self_distill
 from dspark.training.evaluate import simulated_accept_len
@@ -228,3 +230,44 @@ def test_eagle3_peer_trains_with_the_same_pipeline(tiny_targets, data, tmp_path)
     assert after.accept_len > before.accept_len + 0.5, (before.accept_len, after.accept_len)
     first = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert first[-1]["loss"] < first[0]["loss"]
+
+
+def test_evaluate_cli_reports_teacher_forced_acceptance(tiny_targets, tiny_target_dirs, data, tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark.cli import app
+
+    runner = CliRunner()
+    target_dir = tiny_target_dirs["qwen3"]
+    base = ["evaluate", "--target", str(target_dir), "--data", str(data), "--rows", "6", "--anchors", "8"]
+    draft = tmp_path / "draft"
+    assert runner.invoke(app, ["init", "--target", str(target_dir), "--out", str(draft)]).exit_code == 0
+    result = runner.invoke(app, [*base, "--draft", str(draft), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["sequences"] == 6 and report["blocks"] > 0
+    survive = report["per_position_acceptance"]
+    assert report["sim_accept_len"] == pytest.approx(1.0 + sum(survive))
+    assert all(a >= b for a, b in itertools.pairwise(survive))  # a slot survives only if the one before did
+    assert all(s <= m + 1e-9 for s, m in zip(survive, report["per_position_match"], strict=True))
+    # The same figure as the library call on the same rows and seed.
+    model_report = simulated_accept_len(
+        load_drafter(
+            draft,
+            target_embedding=tiny_targets["qwen3"].embedding_weight(),
+            target_lm_head=tiny_targets["qwen3"].lm_head_weight(),
+        ),
+        tiny_targets["qwen3"],
+        load_examples(data, max_len=512)[:6],
+        max_anchors=8,
+    )
+    assert model_report["sim_accept_len"] == pytest.approx(report["sim_accept_len"], abs=1e-4)
+
+    skipped = runner.invoke(app, [*base, "--draft", str(draft), "--skip", "20"])
+    assert skipped.exit_code == 2 and "no rows left after --skip 20" in skipped.output
+
+    eagle = tmp_path / "eagle"
+    init = runner.invoke(app, ["init", "--target", str(target_dir), "--out", str(eagle), "--method", "eagle3"])
+    assert init.exit_code == 0, init.output
+    refused = runner.invoke(app, [*base, "--draft", str(eagle)])
+    assert refused.exit_code == 2 and "measure it with `dspark bench`" in refused.output
