@@ -370,7 +370,9 @@ def train_cmd(
 @app.command("evaluate")
 def evaluate_cmd(
     data: Annotated[Path, typer.Option(help="JSONL of {input_ids, loss_mask} rows, as `dspark datagen` writes.")],
-    draft: Annotated[Path | None, typer.Option(help="DSpark / DFlash drafter (default: the embedded one).")] = None,
+    draft: Annotated[
+        Path | None, typer.Option(help="Drafter: dspark, dflash or eagle3 (default: the embedded DSpark).")
+    ] = None,
     target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
     skip: Annotated[int, typer.Option(min=0, help="Leave out the first SKIP rows (e.g. the ones trained on).")] = 0,
     rows: Annotated[int, typer.Option(min=1, help="Rows to evaluate after SKIP.")] = 64,
@@ -380,7 +382,7 @@ def evaluate_cmd(
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Teacher-forced acceptance of a block drafter on a data file: a quick check before serving."""
+    """Teacher-forced acceptance of a drafter on rows of a data file: a quick check before serving."""
     from tqdm import tqdm
 
     from dspark.defaults import resolve_draft, resolve_target

@@ -3,8 +3,8 @@
     python scripts/export_default_drafter.py dspark|dflash|eagle3
 
 Reads .cache/smollm2/run-<method>/final and its train log; writes models/smollm2-135m-<method>
-(bf16, without the target's embedding). TRAINING.json records the budget and the loss, and for
-block drafters the teacher-forced accept_len of the shipped copy (`dspark evaluate`, 32 blocks a
+(bf16, without the target's embedding). TRAINING.json records the budget, the loss and the
+teacher-forced accept_len of the shipped copy (`dspark evaluate`, 32 blocks a
 row) on the first 64 training rows and, with HELDOUT=FILE (a longer datagen output of the same
 prompts), on the 64 rows after the trained ones.
 """
@@ -39,8 +39,6 @@ def teacher_forced(out: Path, target: TargetModel, heldout: str | None) -> dict:
         target_lm_head=target.lm_head_weight(),
         num_target_layers=target.num_layers,
     )
-    if model.config.method == "eagle3":  # teacher-forced evaluation covers block drafters only
-        return {}
     target.set_aux_layers(model.config.aux_hidden_state_layer_ids)
     train = load_examples(DATA, max_len=512)
     figures = {

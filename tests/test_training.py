@@ -269,5 +269,8 @@ def test_evaluate_cli_reports_teacher_forced_acceptance(tiny_targets, tiny_targe
     eagle = tmp_path / "eagle"
     init = runner.invoke(app, ["init", "--target", str(target_dir), "--out", str(eagle), "--method", "eagle3"])
     assert init.exit_code == 0, init.output
-    refused = runner.invoke(app, [*base, "--draft", str(eagle)])
-    assert refused.exit_code == 2 and "measure it with `dspark bench`" in refused.output
+    chains = runner.invoke(app, [*base, "--draft", str(eagle), "--json"])  # EAGLE-3: unrolled chains
+    assert chains.exit_code == 0, chains.output
+    eagle_report = json.loads(chains.stdout.strip().splitlines()[-1])
+    assert eagle_report["blocks"] > 0 and len(eagle_report["per_position_acceptance"]) == 7
+    assert eagle_report["sim_accept_len"] == pytest.approx(1.0 + sum(eagle_report["per_position_acceptance"]))

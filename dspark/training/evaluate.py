@@ -1,7 +1,7 @@
 """Teacher-forced evaluation: the "simulated accept_len" training-style metrics predict.
 
-Every block is drafted from the target's own features and the true prefix (teacher forced), so
-the figures say how far a drafter's proposals match the target's greedy choices without running
+Every block (an EAGLE-3 chain) is drafted from the target's own features and the true prefix
+(teacher forced), so the figures say how far a drafter's proposals match the target's greedy choices without running
 speculative decoding. Real decoding drafts from the same states, so greedy ``accept_len`` in
 `dspark bench` on the same kind of text comes out close; on other text it can differ.
 """
@@ -12,11 +12,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dspark.errors import DSparkError
 from dspark.model.dspark import DSparkDraftModel
 from dspark.training.blocks import sample_anchors
 from dspark.training.data import Example, extract_features
-from dspark.training.forward import block_forward
+from dspark.training.forward import block_forward, eagle3_forward
 
 
 @torch.no_grad()
@@ -35,11 +34,9 @@ def simulated_accept_len(
     survives, as `dspark bench` reports it); ``per_position_match`` (P(draft k == target argmax)
     given the true prefix); ``tv_per_position`` (mean total variation between the two
     distributions over the draft vocab); ``sequences`` and ``blocks`` counted."""
-    if model.config.method == "eagle3":
-        raise DSparkError(
-            "teacher-forced evaluation covers block drafters (dspark, dflash); an EAGLE-3 drafter "
-            "drafts autoregressively: measure it with `dspark bench`"
-        )
+    # EAGLE-3: its training-time-test forward unrolls each chain on its own hidden states with
+    # the true tokens, which are the drafted ones for as long as the chain is accepted.
+    forward = eagle3_forward if model.config.method == "eagle3" else block_forward
     was_training = model.training
     model.eval()
     d = model.config.drafts_per_block
@@ -51,9 +48,7 @@ def simulated_accept_len(
             gen = torch.Generator().manual_seed(seed + i)
             anchors = sample_anchors(batch.loss_mask, batch.document_ids, max_anchors, d, gen)
             if anchors.numel():
-                out = block_forward(
-                    model, batch.aux_hidden, batch.input_ids, batch.loss_mask, batch.document_ids, anchors
-                )
+                out = forward(model, batch.aux_hidden, batch.input_ids, batch.loss_mask, batch.document_ids, anchors)
                 rows = batch.last_hidden[out.targets.target_rows].to(model.fc.weight.device)
                 target_logits = model.base_logits(rows).float().cpu()
                 logits = out.logits.float().cpu()
