@@ -377,6 +377,7 @@ def evaluate_cmd(
     skip: Annotated[int, typer.Option(min=0, help="Leave out the first SKIP rows (e.g. the ones trained on).")] = 0,
     rows: Annotated[int, typer.Option(min=1, help="Rows to evaluate after SKIP.")] = 64,
     anchors: Annotated[int, typer.Option(min=1, help="Blocks sampled per row.")] = 32,
+    n: Annotated[int, typer.Option(min=1, help="Draft length counted (at most the block's drafts).")] = 7,
     max_len: Annotated[int, typer.Option(min=2, help="Cut each row to this many tokens.")] = 512,
     seed: Annotated[int, typer.Option(help="Anchor sampling seed.")] = 0,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
@@ -408,10 +409,24 @@ def evaluate_cmd(
         )
         check_fits(model.config, tgt)
         with tqdm(total=len(examples), desc="evaluate", unit="row", disable=as_json) as bar:
-            report = simulated_accept_len(model, tgt, examples, max_anchors=anchors, seed=seed, on_example=bar.update)
+            report = simulated_accept_len(
+                model,
+                tgt,
+                examples,
+                max_anchors=anchors,
+                num_drafts=min(n, model.config.drafts_per_block),
+                seed=seed,
+                on_example=bar.update,
+            )
     except DSparkError as exc:
         _fail(str(exc))
-    report = {"draft": str(draft_dir), "data": str(data), "skip": skip, **report}
+    report = {
+        "draft": str(draft_dir),
+        "data": str(data),
+        "skip": skip,
+        "n": len(report["per_position_match"]),
+        **report,
+    }
     if as_json:
         typer.echo(json.dumps(report))
         return

@@ -43,14 +43,14 @@ def teacher_forced(out: Path, target: TargetModel, heldout: str | None) -> dict:
     train = load_examples(DATA, max_len=512)
     figures = {
         f"teacher_forced_accept_len_{EVAL_ROWS}_training_rows": simulated_accept_len(
-            model, target, train[:EVAL_ROWS], max_anchors=32
+            model, target, train[:EVAL_ROWS], max_anchors=32, num_drafts=7
         )["sim_accept_len"]
     }
     if heldout:
         held = load_examples(heldout, max_len=512)[len(train) : len(train) + EVAL_ROWS]
         if held:
             figures[f"teacher_forced_accept_len_{len(held)}_heldout_rows"] = simulated_accept_len(
-                model, target, held, max_anchors=32
+                model, target, held, max_anchors=32, num_drafts=7
             )["sim_accept_len"]
     return figures
 

@@ -245,7 +245,7 @@ def test_evaluate_cli_reports_teacher_forced_acceptance(tiny_targets, tiny_targe
     result = runner.invoke(app, [*base, "--draft", str(draft), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["sequences"] == 6 and report["blocks"] > 0
+    assert report["sequences"] == 6 and report["blocks"] > 0 and report["n"] == 7
     survive = report["per_position_acceptance"]
     assert report["sim_accept_len"] == pytest.approx(1.0 + sum(survive))
     assert all(a >= b for a, b in itertools.pairwise(survive))  # a slot survives only if the one before did
@@ -260,8 +260,14 @@ def test_evaluate_cli_reports_teacher_forced_acceptance(tiny_targets, tiny_targe
         tiny_targets["qwen3"],
         load_examples(data, max_len=512)[:6],
         max_anchors=8,
+        num_drafts=7,
     )
     assert model_report["sim_accept_len"] == pytest.approx(report["sim_accept_len"], abs=1e-4)
+
+    short = runner.invoke(app, [*base, "--draft", str(draft), "--n", "3", "--json"])
+    assert short.exit_code == 0, short.output
+    short_report = json.loads(short.stdout.strip().splitlines()[-1])
+    assert short_report["per_position_acceptance"] == pytest.approx(survive[:3])  # same blocks, first 3 slots
 
     skipped = runner.invoke(app, [*base, "--draft", str(draft), "--skip", "20"])
     assert skipped.exit_code == 2 and "no rows left after --skip 20" in skipped.output

@@ -25,6 +25,7 @@ def simulated_accept_len(
     examples: Sequence[Example],
     *,
     max_anchors: int = 64,
+    num_drafts: int | None = None,
     seed: int = 0,
     on_example: Callable[[], None] | None = None,
 ) -> dict:
@@ -33,26 +34,34 @@ def simulated_accept_len(
     Returns ``sim_accept_len``; ``per_position_acceptance`` (the fraction of blocks whose slot k
     survives, as `dspark bench` reports it); ``per_position_match`` (P(draft k == target argmax)
     given the true prefix); ``tv_per_position`` (mean total variation between the two
-    distributions over the draft vocab); ``sequences`` and ``blocks`` counted."""
+    distributions over the draft vocab); ``sequences`` and ``blocks`` counted. ``num_drafts``
+    counts only the first slots of each block, as decoding with that draft length does (a
+    DSpark block of 8 drafts 8 tokens; `dspark bench` reports n=7)."""
     # EAGLE-3: its training-time-test forward unrolls each chain on its own hidden states with
     # the true tokens, which are the drafted ones for as long as the chain is accepted.
     forward = eagle3_forward if model.config.method == "eagle3" else block_forward
     was_training = model.training
     model.eval()
     d = model.config.drafts_per_block
+    if num_drafts is not None:
+        if not 1 <= num_drafts <= d:
+            raise ValueError(f"num_drafts {num_drafts}: this drafter drafts 1..{d} tokens per block")
+        d = num_drafts
     survive_sum, match_sum, tv_sum, valid_sum = (torch.zeros(d, dtype=torch.float64) for _ in range(4))
     blocks = sequences = 0
     try:
         for i, ex in enumerate(examples):
             batch = extract_features(target, ex, model.config.aux_hidden_state_layer_ids, i)
             gen = torch.Generator().manual_seed(seed + i)
-            anchors = sample_anchors(batch.loss_mask, batch.document_ids, max_anchors, d, gen)
+            anchors = sample_anchors(
+                batch.loss_mask, batch.document_ids, max_anchors, model.config.drafts_per_block, gen
+            )
             if anchors.numel():
                 out = forward(model, batch.aux_hidden, batch.input_ids, batch.loss_mask, batch.document_ids, anchors)
                 rows = batch.last_hidden[out.targets.target_rows].to(model.fc.weight.device)
-                target_logits = model.base_logits(rows).float().cpu()
-                logits = out.logits.float().cpu()
-                valid = out.targets.valid.cpu()
+                target_logits = model.base_logits(rows).float().cpu()[:, :d]
+                logits = out.logits.float().cpu()[:, :d]
+                valid = out.targets.valid.cpu()[:, :d]
                 vf = valid.double()
                 match = (logits.argmax(-1) == target_logits.argmax(-1)) & valid
                 survive = torch.cumprod(match.double() + (1 - vf), dim=1) * vf
