@@ -15,9 +15,11 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from dspark.defaults import default_draft_dir, default_target_dir
 from dspark.model.checkpoint import load_drafter, save_drafter
@@ -55,13 +57,27 @@ def teacher_forced(out: Path, target: TargetModel, heldout: str | None) -> dict:
     return figures
 
 
+def ship_unless_unchanged(model, out: Path) -> None:
+    """Write the bf16 drafter to ``out`` unless it holds the same config and tensors already:
+    safetensors may order the same tensors differently, and git would store the file again."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = save_drafter(model, tmp, dtype=torch.bfloat16, include_embeddings=False)
+        old_weights, new_weights = out / "model.safetensors", fresh / "model.safetensors"
+        if old_weights.is_file() and (out / "config.json").read_text() == (fresh / "config.json").read_text():
+            old, new = load_file(old_weights), load_file(new_weights)
+            if old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old):
+                print(f"{out}: weights unchanged, kept")
+                return
+    save_drafter(model, out, dtype=torch.bfloat16, include_embeddings=False)
+
+
 def main(method: str) -> None:
     os.chdir(Path(__file__).resolve().parent.parent)
     run = CACHE / f"run-{method}"
     target = TargetModel.from_pretrained(default_target_dir())
     out = default_draft_dir(method)
     model = load_drafter(run / "final", target_embedding=target.embedding_weight())
-    save_drafter(model, out, dtype=torch.bfloat16, include_embeddings=False)
+    ship_unless_unchanged(model, out)
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     tail = log[-30:]  # the last 300 steps (log_every 10)
     rows = [json.loads(line) for line in DATA.open()]
