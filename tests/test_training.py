@@ -280,3 +280,17 @@ def test_evaluate_cli_reports_teacher_forced_acceptance(tiny_targets, tiny_targe
     eagle_report = json.loads(chains.stdout.strip().splitlines()[-1])
     assert eagle_report["blocks"] > 0 and len(eagle_report["per_position_acceptance"]) == 7
     assert eagle_report["sim_accept_len"] == pytest.approx(1.0 + sum(eagle_report["per_position_acceptance"]))
+
+
+def test_datagen_resumes_after_a_cut_off_last_line(tiny_targets, data, tmp_path):
+    """A kill mid-write leaves half a row; resuming drops it, regenerates that prompt, and
+    leaves a file every line of which parses (training would refuse a glued line)."""
+    path = tmp_path / "cut.jsonl"
+    full = data.read_bytes()
+    path.write_bytes(full[: len(full) - 25])  # the last row loses its end and newline
+    prompts = [" ".join(WORDS[i : i + 3]) for i in range(20)]
+    assert self_distill(tiny_targets["qwen3"], prompts, path, max_new_tokens=48, progress=False) == 1
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted(r["id"] for r in rows) == list(range(20))
+    assert path.read_bytes() == full  # greedy: the regenerated row is the one that was cut
+    assert len(load_examples(path)) == 20
