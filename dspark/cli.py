@@ -386,9 +386,8 @@ def evaluate_cmd(
     """Teacher-forced acceptance of a drafter on rows of a data file: a quick check before serving."""
     from tqdm import tqdm
 
+    from dspark.decoding.factory import load_drafter_for
     from dspark.defaults import resolve_draft, resolve_target
-    from dspark.model.checkpoint import load_drafter
-    from dspark.model.pairing import check_fits
     from dspark.target import TargetModel
     from dspark.training.data import load_examples
     from dspark.training.evaluate import simulated_accept_len
@@ -399,15 +398,7 @@ def evaluate_cmd(
             raise DSparkError(f"{data}: no rows left after --skip {skip}")
         draft_dir = resolve_draft(draft, "dspark")
         tgt = TargetModel.from_pretrained(resolve_target(target), device=_device(device))
-        model = load_drafter(
-            draft_dir,
-            device=tgt.device,
-            dtype=tgt.dtype,
-            target_embedding=tgt.embedding_weight(),
-            target_lm_head=tgt.lm_head_weight(),
-            num_target_layers=tgt.num_layers,
-        )
-        check_fits(model.config, tgt)
+        model = load_drafter_for(tgt, draft_dir)
         with tqdm(total=len(examples), desc="evaluate", unit="row", disable=as_json) as bar:
             report = simulated_accept_len(
                 model,

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from dspark.decoding.factory import load_drafter_for
 from dspark.defaults import default_draft_dir, default_target_dir
 from dspark.model.checkpoint import load_drafter, save_drafter
 from dspark.target import TargetModel
@@ -34,14 +35,7 @@ EVAL_ROWS = 64
 
 def teacher_forced(out: Path, target: TargetModel, heldout: str | None) -> dict:
     """accept_len of the shipped copy, loaded as `dspark evaluate --draft models/...` loads it."""
-    model = load_drafter(
-        out,
-        dtype=target.dtype,
-        target_embedding=target.embedding_weight(),
-        target_lm_head=target.lm_head_weight(),
-        num_target_layers=target.num_layers,
-    )
-    target.set_aux_layers(model.config.aux_hidden_state_layer_ids)
+    model = load_drafter_for(target, out)
     train = load_examples(DATA, max_len=512)
     figures = {
         f"teacher_forced_accept_len_{EVAL_ROWS}_training_rows": simulated_accept_len(

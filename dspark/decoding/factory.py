@@ -37,6 +37,33 @@ def checkpoint_method(path: str | Path) -> str:
     return kind
 
 
+def load_drafter_for(target: TargetModel, draft: str | Path, *, dtype: torch.dtype | None = None):
+    """A drafter model (directory or llama.cpp .gguf) on the target's device and dtype, with the
+    target's embedding / head where the checkpoint leaves them out, checked against the target;
+    the target then captures the drafter's aux layers."""
+    if Path(draft).suffix == ".gguf":  # a llama.cpp draft, dequantised: measure a quantised drafter
+        from dspark.formats.gguf import read_gguf
+
+        model = read_gguf(
+            draft,
+            num_target_layers=target.num_layers,
+            target_embedding=target.embedding_weight(),
+            target_lm_head=target.lm_head_weight(),
+        ).to(device=target.device, dtype=dtype or target.dtype)
+    else:
+        model = load_drafter(
+            draft,
+            device=target.device,
+            dtype=dtype or target.dtype,
+            target_embedding=target.embedding_weight(),
+            target_lm_head=target.lm_head_weight(),
+            num_target_layers=target.num_layers,
+        )
+    check_fits(model.config, target)
+    target.set_aux_layers(model.config.aux_hidden_state_layer_ids)
+    return model
+
+
 def make_drafter(
     method: str,
     target: TargetModel,
@@ -57,26 +84,7 @@ def make_drafter(
     if method in ("dspark", "dflash", "eagle3"):
         if draft_dir is None:
             raise DSparkError(f"method {method!r} needs a drafter directory (--draft)")
-        if Path(draft_dir).suffix == ".gguf":  # a llama.cpp draft, dequantised: measure a quantised drafter
-            from dspark.formats.gguf import read_gguf
-
-            model = read_gguf(
-                draft_dir,
-                num_target_layers=target.num_layers,
-                target_embedding=target.embedding_weight(),
-                target_lm_head=target.lm_head_weight(),
-            ).to(device=target.device, dtype=dtype or target.dtype)
-        else:
-            model = load_drafter(
-                draft_dir,
-                device=target.device,
-                dtype=dtype or target.dtype,
-                target_embedding=target.embedding_weight(),
-                target_lm_head=target.lm_head_weight(),
-                num_target_layers=target.num_layers,
-            )
-        check_fits(model.config, target)
-        target.set_aux_layers(model.config.aux_hidden_state_layer_ids)
+        model = load_drafter_for(target, draft_dir, dtype=dtype)
         if (model.config.method == "eagle3") != (method == "eagle3"):
             raise DSparkError(f"{draft_dir}: holds a {model.config.method} drafter, not a {method} one")
         if method == "eagle3":

@@ -74,13 +74,18 @@ def self_distill(
     out = Path(out_path)
     done = set()
     if out.is_file():
-        _drop_cut_tail(out)
-        for line in out.read_text().splitlines():
+        text = out.read_bytes()
+        if text and not text.endswith(b"\n"):
+            # A kill mid-write left half a row; appending after it would glue the next row on.
+            text = text[: text.rfind(b"\n") + 1]
+            with out.open("rb+") as fh:
+                fh.truncate(len(text))
+        for line in text.decode().splitlines():
             if line.strip():
                 try:
                     done.add(json.loads(line)["id"])
                 except (json.JSONDecodeError, KeyError):
-                    continue  # a line cut off by a kill; its prompt is regenerated
+                    continue  # not a row of ours; its prompt (if any) is regenerated
     todo = [i for i in range(len(prompts)) if i not in done]
     tok = target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -126,27 +131,6 @@ def self_distill(
             bar.update(len(chunk))
     bar.close()
     return written
-
-
-def _drop_cut_tail(path: Path) -> None:
-    """A kill during a write can leave a last line without its newline; appending after it
-    would glue the next row onto it. Cut the file back to its last complete line."""
-    with path.open("rb+") as fh:
-        size = fh.seek(0, 2)
-        if size == 0:
-            return
-        fh.seek(size - 1)
-        if fh.read(1) == b"\n":
-            return
-        block = min(size, 1 << 20)
-        while True:  # find the last newline, reading backwards
-            fh.seek(size - block)
-            tail = fh.read(block)
-            cut = tail.rfind(b"\n")
-            if cut >= 0 or block == size:
-                break
-            block = min(size, block * 2)
-        fh.truncate(size - block + cut + 1 if cut >= 0 else 0)
 
 
 def _cut(tokens: Iterable[int], stops: set[int], pad: int) -> list[int]:
