@@ -294,3 +294,30 @@ def test_datagen_resumes_after_a_cut_off_last_line(tiny_targets, data, tmp_path)
     assert sorted(r["id"] for r in rows) == list(range(20))
     assert path.read_bytes() == full  # greedy: the regenerated row is the one that was cut
     assert len(load_examples(path)) == 20
+
+
+def test_recipe_continues_from_a_drafter_saved_without_embeddings(tiny_targets, tmp_path):
+    """`drafter: {path: DIR}` starts training from a saved drafter (our run directories store no
+    copy of the target's embedding), with the trained weights intact and the frozen ones from
+    the target; init options beside `path` are refused, not ignored."""
+    from dspark.errors import ConfigError
+    from dspark.model.checkpoint import save_drafter
+    from dspark.training.recipe import Recipe, build_model
+
+    target = tiny_targets["qwen3"]
+    model = untrained_drafter(target)
+    with torch.no_grad():
+        model.fc.weight.add_(0.5)  # not what a fresh init gives
+    save_drafter(model, tmp_path / "saved", include_embeddings=False)
+    recipe = Recipe(target=tmp_path, data=tmp_path, out=tmp_path / "run", drafter={"path": str(tmp_path / "saved")})
+    loaded = build_model(recipe, target)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name].float(), tensor.float()), name
+    trainable = {n for n, p in loaded.named_parameters() if p.requires_grad}
+    assert "fc.weight" in trainable and "embed_tokens.weight" not in trainable
+    recipe.drafter = {"path": str(tmp_path / "saved"), "markov_rank": 256}
+    with pytest.raises(ConfigError, match="markov_rank"):
+        build_model(recipe, target)
+    recipe.drafter = {"path": str(tmp_path / "saved"), "method": "eagle3"}
+    with pytest.raises(ConfigError, match="eagle3"):
+        build_model(recipe, target)

@@ -125,6 +125,7 @@ def load_recipe(path: str | Path) -> Recipe:
 
 def build_model(recipe: Recipe, target):
     """The drafter a recipe starts from: an existing directory, a preset, or init options."""
+    import torch
     from safetensors.torch import load_file
 
     from dspark.model.checkpoint import load_drafter
@@ -137,7 +138,19 @@ def build_model(recipe: Recipe, target):
     if method not in ("dspark", "eagle3"):
         raise ConfigError(f"drafter.method must be dspark or eagle3, got {method!r}")
     if "path" in opts:
-        model = load_drafter(opts["path"])
+        # Continue from a trained drafter: its architecture comes from its own config, so
+        # init options beside `path` would be silently ignored; refuse them instead.
+        if extra := sorted(set(opts) - {"path"}):
+            raise ConfigError(f"drafter.path continues from a saved drafter; drop the init options {extra}")
+        model = load_drafter(
+            opts["path"],
+            dtype=torch.float32,
+            target_embedding=target.embedding_weight().detach().float().cpu(),
+            target_lm_head=target.lm_head_weight().detach().float().cpu(),
+            num_target_layers=target.num_layers,
+        )
+        if model.config.method != method and recipe.drafter.get("method"):
+            raise ConfigError(f"drafter.method is {method} but {opts['path']} holds a {model.config.method} drafter")
         check_fits(model.config, target)
         return model
     vocab = None
