@@ -7,6 +7,8 @@
 #      thresholds 0.2, 0.35, 0.5, 0.7, and with the cost-model rule (dspark@cost), one run.
 #   3. calibration of the shipped drafter's confidence head on the benchmark prompts (held out
 #      from training): ECE, AUROC, Brier per position, reliability diagram.
+#   4. depth: the three shipped peers (1 layer each) against DSpark and DFlash with 3 decoder
+#      layers (recipes/ablations/*-3layer.yaml), greedy, n=7, one run. Not in the default PARTS.
 #   ROWS (5) prompts per dataset, TOKENS (128) new tokens; CAL_ROWS (10); PARTS picks stages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +37,13 @@ for part in ${PARTS:-ablation threshold calibration}; do
       .venv/bin/dspark calibrate --draft "$DSPARK" --datasets gsm8k,humaneval --rows "$CAL_ROWS" --n 7 \
         --max-new-tokens "$TOKENS" --out "$OUT/calibration-smollm2-cpu.json" \
         --markdown "$OUT/calibration-smollm2-cpu.md" --plot "$OUT/calibration-smollm2-cpu.png" ;;
-    *) echo "unknown part $part (ablation, threshold, calibration)" >&2; exit 2 ;;
+    depth)
+      for run in dspark-3layer dflash-3layer; do
+        [ -d "$RUNS/run-$run/final" ] || { echo "missing $RUNS/run-$run/final: run ABLATIONS=1 METHODS= bash scripts/train_default_drafter.sh" >&2; exit 1; }
+      done
+      .venv/bin/dspark bench --datasets gsm8k,humaneval --rows "$ROWS" --max-new-tokens "$TOKENS" --n 7 \
+        --methods "eagle3,dflash,dspark,dflash-3layer=$RUNS/run-dflash-3layer/final,dspark-3layer=$RUNS/run-dspark-3layer/final" \
+        --out "$OUT/depth-smollm2-cpu.json" --markdown "$OUT/depth-smollm2-cpu.md" --plot "$OUT/depth-acceptance-smollm2-cpu.png" ;;
+    *) echo "unknown part $part (ablation, threshold, calibration, depth)" >&2; exit 2 ;;
   esac
 done

@@ -12,7 +12,7 @@
 #   6. copy each final drafter to models/smollm2-135m-<method> (bf16, without the target's embedding)
 #      with TRAINING.json: budget, loss, teacher-forced accept_len on 64 training rows and, with
 #      HELDOUT=FILE (a longer datagen output of the same prompts), on the 64 rows after the trained ones
-#   7. ABLATIONS=1: recipes/ablations/*.yaml too (Markov rank 256, no confidence head)
+#   7. ABLATIONS=1: recipes/ablations/*.yaml too (Markov rank 256, no confidence head, 3 layers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N_GSM=${N_GSM:-800}
