@@ -148,3 +148,16 @@ def test_bench_compares_peers_in_one_run(tiny_target_dirs, tmp_path):
         app, ["bench", "--target", target, "--methods", "eagle3", "--draft-eagle3", str(tmp_path / "dspark")]
     )
     assert bad.exit_code != 0 and "holds a dspark drafter, not a eagle3 one" in bad.output
+
+
+def test_provenance_outside_a_git_checkout_names_the_given_commit(monkeypatch):
+    """A copied tree (no .git) records DSPARK_SOURCE_COMMIT and an unknown, not a clean, state."""
+    import subprocess as sp
+
+    from dspark.bench import provenance as prov
+
+    monkeypatch.setattr(prov.subprocess, "run", lambda *a, **k: sp.CompletedProcess(a, 128, stdout="", stderr=""))
+    monkeypatch.delenv("DSPARK_SOURCE_COMMIT", raising=False)
+    assert (prov.provenance()["commit"], prov.provenance()["dirty"]) == (None, None)
+    monkeypatch.setenv("DSPARK_SOURCE_COMMIT", "a" * 40)
+    assert (prov.provenance()["commit"], prov.provenance()["dirty"]) == ("a" * 40, None)

@@ -32,6 +32,9 @@ def provenance(seed: int | None = None, **extra) -> dict:
         )
     except OSError:
         commit, dirty = None, None
+    if commit is None:
+        # Not a git checkout (a copied tree): take the commit the copier names, cleanliness unknown.
+        commit, dirty = os.environ.get("DSPARK_SOURCE_COMMIT") or None, None
     return {
         "commit": commit,
         "dirty": dirty,
