@@ -64,3 +64,65 @@ def test_missing_target_directory_is_a_clear_error(tmp_path):
         TargetModel.from_pretrained(tmp_path / "nope")
     with pytest.raises(TargetError, match=r"no config\.json"):
         TargetModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_deferred_head_gives_the_models_own_logits(tiny_targets, arch):
+    """The output projection runs only for the rows asked for, and they are the model's logits."""
+    target = tiny_targets[arch]
+    tokens = torch.tensor(target.tokenizer("The answer is 42. #### 42")["input_ids"])
+    target.reset()
+    step = target.forward(tokens)
+    assert step.deferred and len(step) == tokens.shape[0]
+    with torch.inference_mode():
+        full = target.model(input_ids=tokens[None]).logits[0].float()
+    torch.testing.assert_close(step.rows(-1), full[-1:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(step.rows(1, 3), full[1:3], rtol=1e-5, atol=1e-5)
+    assert step.deferred  # rows() computed only those rows
+    torch.testing.assert_close(step.logits, full, rtol=1e-5, atol=1e-5)
+    assert not step.deferred
+
+
+def test_a_model_that_post_processes_its_logits_falls_back_to_them(tiny_target_dirs):
+    """Soft-capped logits are not head(norm(h)): the one-time check turns deferral off, exactly."""
+    from transformers import AutoModelForCausalLM
+
+    from dspark.target import TargetModel
+
+    target = TargetModel.from_pretrained(tiny_target_dirs["llama"])
+    head = target.model.lm_head
+    target.model.lm_head = torch.nn.Sequential(head, torch.nn.Tanh())  # logits the head alone does not give
+    target._head = head
+    tokens = torch.tensor(target.tokenizer("for i in range(10):")["input_ids"])
+    target.reset()
+    step = target.forward(tokens)
+    assert target._deferred_ok is False and not step.deferred
+    assert target.cache_len == tokens.shape[0]  # the retried forward did not double the cache
+    fresh = AutoModelForCausalLM.from_pretrained(tiny_target_dirs["llama"])
+    with torch.inference_mode():
+        want = torch.tanh(fresh(input_ids=tokens[None]).logits[0].float())
+    torch.testing.assert_close(step.logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_that_refuses_an_index_list_falls_back_to_full_logits(tiny_target_dirs):
+    from dspark.target import TargetModel
+
+    target = TargetModel.from_pretrained(tiny_target_dirs["llama"])
+    plain = target.model.forward
+
+    def strict_forward(*args, logits_to_keep=0, **kwargs):
+        if isinstance(logits_to_keep, torch.Tensor):
+            raise TypeError("logits_to_keep must be an int")
+        return plain(*args, logits_to_keep=logits_to_keep, **kwargs)
+
+    target.model.forward = strict_forward
+    tokens = torch.tensor(target.tokenizer("def add(a, b):")["input_ids"])
+    target.reset()
+    first = target.forward(tokens[:-2])  # the one-time check (logits_to_keep=1) passes
+    assert target._deferred_ok and first.deferred
+    second = target.forward(tokens[-2:])  # the empty index is refused: redone the plain way
+    assert target._deferred_ok is False and not second.deferred
+    assert target.cache_len == tokens.shape[0]
+    target.reset()
+    fresh = target.forward(tokens)
+    torch.testing.assert_close(second.logits, fresh.logits[-2:], rtol=1e-4, atol=1e-4)

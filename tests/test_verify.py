@@ -98,3 +98,39 @@ def test_sampling_output_follows_the_target_distribution():
     tv = 0.5 * (empirical - expected).abs().sum().item()
     assert tv < 0.02, f"TV {tv:.4f}"
     assert 0 < accepted < 2 * n  # both accept and reject paths were exercised
+
+
+def test_row_wise_greedy_verify_equals_the_full_one_and_asks_only_what_it_needs():
+    from dspark.decoding.verify import verify_greedy_rows
+
+    gen = torch.Generator().manual_seed(0)
+    for k in range(8):
+        for trial in range(40):
+            logits = torch.randn(k + 1, 11, generator=gen)
+            choice = logits.argmax(-1)
+            drafts = choice[:k].clone()
+            cut = int(torch.randint(0, k + 1, (1,), generator=gen))  # first wrong draft (k: none)
+            if cut < k:
+                drafts[cut] = (drafts[cut] + 1 + trial % 10) % 11
+            asked = []
+
+            def rows(start, stop, logits=logits, asked=asked):
+                asked.append((start, stop))
+                return logits[start:stop]
+
+            got = verify_greedy_rows(drafts, rows, first=2)
+            assert got == verify_greedy(drafts, logits)
+            assert got.num_accepted == cut
+            needed = cut + 1
+            assert asked[0] == (0, min(k + 1, 2))
+            assert asked[-1][1] >= needed  # every row it decided on was asked for
+            assert asked == [(0, min(k + 1, 2))] if needed <= 2 else asked == [(0, 2), (2, k + 1)]
+
+
+def test_row_wise_greedy_verify_rejects_bad_input():
+    from dspark.decoding.verify import verify_greedy_rows
+
+    with pytest.raises(ValueError, match="must lie in"):
+        verify_greedy_rows(torch.tensor([9]), lambda a, b: onehot_logits([1, 2])[a:b])
+    with pytest.raises(ValueError, match=r"must return \[2, V\]"):
+        verify_greedy_rows(torch.tensor([1]), lambda a, b: onehot_logits([1]))

@@ -4,7 +4,7 @@ from dspark.decoding.draft_length import StepCost, measure_step_cost
 from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, NgramDrafter, Proposal
 from dspark.decoding.engine import GenerationResult, SpeculativeEngine
 from dspark.decoding.sampling import SamplingParams
-from dspark.decoding.verify import Verdict, verify_greedy, verify_sampling
+from dspark.decoding.verify import Verdict, verify_greedy, verify_greedy_rows, verify_sampling
 
 __all__ = [
     "DSparkDrafter",
@@ -19,5 +19,6 @@ __all__ = [
     "Verdict",
     "measure_step_cost",
     "verify_greedy",
+    "verify_greedy_rows",
     "verify_sampling",
 ]

@@ -10,6 +10,7 @@ Decoding with Speculative Sampling" (2023).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,38 @@ def verify_greedy(
     mismatch = (drafts != target_choice[:k]).nonzero()
     accepted = int(mismatch[0, 0]) if mismatch.numel() else k
     return Verdict(accepted, [*drafts[:accepted].tolist(), int(target_choice[accepted])])
+
+
+def verify_greedy_rows(
+    draft_tokens: torch.Tensor,  # [K] target ids
+    score_rows: Callable[[int, int], torch.Tensor],  # (start, stop) -> target logits rows [stop-start, V]
+    *,
+    first: int = 2,
+) -> Verdict:
+    """`verify_greedy`, asking for the target's logits rows only as far as they are needed:
+    rows ``[0, first)`` first, the rest only if every draft they score was accepted. A draft
+    rejected early then costs no output projection for the positions after it."""
+    if draft_tokens.dim() != 1:
+        raise ValueError(f"draft_tokens must be 1-D [K], got shape {tuple(draft_tokens.shape)}")
+    if first < 1:
+        raise ValueError(f"first must be >= 1, got {first}")
+    drafts = draft_tokens.cpu().tolist()
+    k = len(drafts)
+    choice: list[int] = []
+    start, stop = 0, min(k + 1, first)
+    while True:
+        rows = score_rows(start, stop)
+        if rows.dim() != 2 or rows.shape[0] != stop - start:
+            raise ValueError(f"score_rows({start}, {stop}) must return [{stop - start}, V], got {tuple(rows.shape)}")
+        if start == 0 and k and not (min(drafts) >= 0 and max(drafts) < rows.shape[1]):
+            raise ValueError(f"draft token ids must lie in [0, {rows.shape[1]})")
+        choice.extend(rows.argmax(dim=-1).cpu().tolist())
+        for i in range(start, min(stop, k)):
+            if drafts[i] != choice[i]:
+                return Verdict(i, [*drafts[:i], choice[i]])
+        if stop == k + 1:
+            return Verdict(k, [*drafts, choice[k]])
+        start, stop = stop, k + 1
 
 
 def verify_sampling(

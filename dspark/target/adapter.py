@@ -9,7 +9,6 @@ hidden states of the aux layers (speculators convention: id ``i`` = HF
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,12 +21,51 @@ class TargetError(DSparkError):
     """The target directory or model cannot be used."""
 
 
-@dataclass
 class TargetStep:
-    """What one target forward over ``n`` new tokens returns."""
+    """What one target forward over ``n`` new tokens returns.
 
-    logits: torch.Tensor  # [n, V] fp32
-    aux_hidden: torch.Tensor | None  # [n, m·H] in the model dtype, None when not captured
+    ``logits`` [n, V] fp32 and ``aux_hidden`` [n, m·H] (model dtype; None when not captured).
+    When the target was run with a deferred head, logits rows are computed on first use:
+    `rows(start, stop)` pays the output projection for those rows only (a rejected draft
+    needs no logits after it; a prefill needs only its last row).
+    """
+
+    def __init__(
+        self,
+        logits: torch.Tensor | None = None,
+        aux_hidden: torch.Tensor | None = None,
+        *,
+        hidden: torch.Tensor | None = None,
+        head=None,
+    ) -> None:
+        if logits is None and (hidden is None or head is None):
+            raise ValueError("TargetStep needs logits, or the final hidden states and the head")
+        self._logits = logits
+        self._hidden = hidden
+        self._head = head
+        self.aux_hidden = aux_hidden
+
+    def __len__(self) -> int:
+        return int((self._logits if self._logits is not None else self._hidden).shape[0])
+
+    @property
+    def deferred(self) -> bool:
+        """True while the logits rows are still computed on demand."""
+        return self._logits is None
+
+    @property
+    def logits(self) -> torch.Tensor:
+        if self._logits is None:
+            with torch.inference_mode():
+                self._logits = self._head(self._hidden).float()
+        return self._logits
+
+    def rows(self, start: int, stop: int | None = None) -> torch.Tensor:
+        """Logits rows ``[start, stop)`` (negative indices as in Python slicing)."""
+        if self._logits is not None:
+            return self._logits[start:stop]
+        with torch.inference_mode():
+            return self._head(self._hidden[start:stop]).float()
 
 
 def _decoder_parts(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
@@ -60,6 +98,20 @@ class TargetModel:
         self._captured: dict[int, torch.Tensor] = {}
         self._capture = False
         self.cache = None
+        # Deferred output head: keep the final norm's output and project only the rows asked
+        # for. Enabled after a one-time check that the model's logits are exactly head(norm(h))
+        # (no soft-capping or scaling) and that it takes `logits_to_keep`.
+        self.defer_head = True  # False: every forward projects every row (the plain HF call)
+        self._final: torch.Tensor | None = None
+        self._keep_final = False
+        self._deferred_ok: bool | None = None
+        self._head = model.get_output_embeddings()
+        self._has_logits_to_keep = "logits_to_keep" in params
+        self._norm.register_forward_hook(self._final_hook)
+
+    def _final_hook(self, _module, _args, output) -> None:
+        if self._keep_final:
+            self._final = output[0] if isinstance(output, tuple) else output
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -198,14 +250,46 @@ class TargetModel:
         if capture and not self._aux_ids:
             raise TargetError("forward(capture=True) needs set_aux_layers() first")
         ids = input_ids.to(self.device).view(1, -1)
+        deferred = (
+            self.defer_head and self._deferred_ok is not False and self._has_logits_to_keep and self._head is not None
+        )
+        checking = deferred and self._deferred_ok is None
+        kwargs = {self._cache_kwarg: self.cache}
+        if deferred:
+            # After the check, an empty index: the model projects no row itself.
+            kwargs["logits_to_keep"] = 1 if checking else torch.empty(0, dtype=torch.long, device=self.device)
+        start = self.cache_len
         self._capture = capture
         self._captured = {}
+        self._keep_final = deferred
         try:
-            out = self.model(input_ids=ids, use_cache=True, **{self._cache_kwarg: self.cache})
+            out = self.model(input_ids=ids, use_cache=True, **kwargs)
+        except (TypeError, IndexError, ValueError, RuntimeError):
+            if not deferred:
+                raise
+            # This model does not take an index list for logits_to_keep: project the plain way.
+            self._deferred_ok = False
+            self._final = None
+            self.crop(start)
+            return self.forward(input_ids, capture=capture)
         finally:
             self._capture = False
+            self._keep_final = False
+        final, self._final = self._final, None
         aux = None
         if capture:
             aux = torch.cat([self._captured[i][0] for i in self._aux_ids], dim=-1)
             self._captured = {}
-        return TargetStep(logits=out.logits[0].float(), aux_hidden=aux)
+        if not deferred:
+            return TargetStep(logits=out.logits[0].float(), aux_hidden=aux)
+        hidden = final[0]
+        if checking:
+            # One-time check that head(final norm) is the model's own last logits row.
+            mine = self._head(hidden[-1:]).float()
+            theirs = out.logits[0].float()
+            self._deferred_ok = bool(mine.shape == theirs.shape and torch.allclose(mine, theirs, rtol=1e-4, atol=1e-4))
+            if not self._deferred_ok:
+                # This model post-processes its logits: recompute this step the plain way.
+                self.crop(start)
+                return self.forward(input_ids, capture=capture)
+        return TargetStep(aux_hidden=aux, hidden=hidden, head=self._head)
