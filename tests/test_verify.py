@@ -134,3 +134,37 @@ def test_row_wise_greedy_verify_rejects_bad_input():
         verify_greedy_rows(torch.tensor([9]), lambda a, b: onehot_logits([1, 2])[a:b])
     with pytest.raises(ValueError, match=r"must return \[2, V\]"):
         verify_greedy_rows(torch.tensor([1]), lambda a, b: onehot_logits([1]))
+
+
+def test_row_wise_sampling_verify_draws_like_the_full_one_and_asks_only_what_it_needs():
+    from dspark.decoding.verify import verify_sampling_rows
+
+    gen = torch.Generator().manual_seed(1)
+    for k in range(8):
+        for trial in range(30):
+            q = torch.softmax(torch.randn(k, 9, generator=gen) * 2, dim=-1)
+            p = torch.softmax(torch.randn(k + 1, 9, generator=gen) * 2, dim=-1)
+            drafts = torch.multinomial(q, 1, generator=gen)[:, 0] if k else torch.empty(0, dtype=torch.long)
+            asked = []
+
+            def rows(start, stop, p=p, asked=asked):
+                asked.append((start, stop))
+                return p[start:stop]
+
+            seed = 1000 * k + trial
+            got = verify_sampling_rows(drafts, q, rows, torch.Generator().manual_seed(seed), first=2)
+            want = verify_sampling(drafts, q, p, torch.Generator().manual_seed(seed))
+            assert got == want
+            needed = got.num_accepted + 1
+            assert asked[0] == (0, min(k + 1, 2))
+            assert asked == [(0, min(k + 1, 2))] if needed <= 2 else asked == [(0, 2), (2, k + 1)]
+
+
+def test_row_wise_sampling_verify_rejects_bad_input():
+    from dspark.decoding.verify import verify_sampling_rows
+
+    q = torch.full((1, 4), 0.25)
+    with pytest.raises(ValueError, match=r"must be \[2, 4\]"):
+        verify_sampling_rows(torch.tensor([1]), q, lambda a, b: torch.full((1, 4), 0.25), None)
+    with pytest.raises(ValueError, match="must lie in"):
+        verify_sampling_rows(torch.tensor([7]), q, lambda a, b: torch.full((b - a, 4), 0.25), None)

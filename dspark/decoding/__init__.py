@@ -4,7 +4,7 @@ from dspark.decoding.draft_length import StepCost, measure_step_cost
 from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, NgramDrafter, Proposal
 from dspark.decoding.engine import GenerationResult, SpeculativeEngine
 from dspark.decoding.sampling import SamplingParams
-from dspark.decoding.verify import Verdict, verify_greedy, verify_greedy_rows, verify_sampling
+from dspark.decoding.verify import Verdict, verify_greedy, verify_greedy_rows, verify_sampling, verify_sampling_rows
 
 __all__ = [
     "DSparkDrafter",
@@ -21,4 +21,5 @@ __all__ = [
     "verify_greedy",
     "verify_greedy_rows",
     "verify_sampling",
+    "verify_sampling_rows",
 ]

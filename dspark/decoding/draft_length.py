@@ -116,7 +116,7 @@ def measure_step_cost(target, drafter, *, repeats: int = 5, context_tokens: int 
     """Median wall time of target forwards over 1 .. max_draft_tokens + 1 new tokens after a
     ``context_tokens`` prefix (made non-decreasing, `monotone_costs`), and of one full
     proposal. Leaves the target's cache empty."""
-    from dspark.decoding.engine import GREEDY_FIRST_ROWS
+    from dspark.decoding.engine import FIRST_ROWS
     from dspark.decoding.sampling import SamplingParams
 
     if repeats < 1:
@@ -142,8 +142,8 @@ def measure_step_cost(target, drafter, *, repeats: int = 5, context_tokens: int 
             new = ids[r % 8 : r % 8 + m]
             sync()
             t0 = time.perf_counter()
-            # The output projection rows a greedy verify always pays (see GREEDY_FIRST_ROWS).
-            target.forward(new, capture=capture).rows(0, min(m, GREEDY_FIRST_ROWS))
+            # The output projection rows a verify always pays (see FIRST_ROWS).
+            target.forward(new, capture=capture).rows(0, min(m, FIRST_ROWS))
             sync()
             if r:
                 times[m - 1].append(time.perf_counter() - t0)

@@ -92,23 +92,63 @@ def verify_sampling(
     k = _check_draft(draft_tokens, target_probs, "target_probs")
     if tuple(draft_probs.shape) != (k, target_probs.shape[1]):
         raise ValueError(f"draft_probs must be [K, V] = [{k}, {target_probs.shape[1]}], got {tuple(draft_probs.shape)}")
-    device = target_probs.device
-    idx = torch.arange(k, device=device)
+    return verify_sampling_rows(
+        draft_tokens, draft_probs.to(target_probs.device), lambda a, b: target_probs[a:b], generator, first=k + 1
+    )
+
+
+def verify_sampling_rows(
+    draft_tokens: torch.Tensor,  # [K] target ids, drawn from draft_probs
+    draft_probs: torch.Tensor,  # [K, V] the exact distributions the drafts were drawn from
+    target_prob_rows: Callable[[int, int], torch.Tensor],  # (start, stop) -> target distributions [stop-start, V]
+    generator: torch.Generator | None,
+    *,
+    first: int = 2,
+) -> Verdict:
+    """`verify_sampling`, asking for the target's distributions only as far as they are needed
+    (rows ``[0, first)`` first, the rest only if every draft they judge was accepted). The
+    random draws are the same as `verify_sampling`'s: K uniforms up front, then one multinomial."""
+    if draft_tokens.dim() != 1:
+        raise ValueError(f"draft_tokens must be 1-D [K], got shape {tuple(draft_tokens.shape)}")
+    if first < 1:
+        raise ValueError(f"first must be >= 1, got {first}")
+    k = draft_tokens.shape[0]
+    if draft_probs.dim() != 2 or draft_probs.shape[0] != k:
+        raise ValueError(f"draft_probs must be [K, V] with K = {k}, got {tuple(draft_probs.shape)}")
+    device = draft_probs.device
     drafts = draft_tokens.to(device)
-    q_x = draft_probs[idx, drafts].float()
+    if k and not (int(drafts.min()) >= 0 and int(drafts.max()) < draft_probs.shape[1]):
+        raise ValueError(f"draft token ids must lie in [0, {draft_probs.shape[1]})")
+    q_x = draft_probs[torch.arange(k, device=device), drafts].float()
     if k and bool((q_x <= 0).any()):
         raise ValueError("a draft token has zero draft probability: draft_probs is not its distribution")
-    p_x = target_probs[idx, drafts].float()
     uniforms = torch.rand(k, generator=generator, device=device)
-    accept = uniforms < (p_x / q_x)  # min(1, .) is implicit: uniforms < 1
-    rejected = (~accept).nonzero()
-    accepted = int(rejected[0, 0]) if rejected.numel() else k
+    start, stop = 0, min(k + 1, first)
+    rows: list[torch.Tensor] = []
+    while True:
+        chunk = target_prob_rows(start, stop)
+        if chunk.dim() != 2 or chunk.shape[0] != stop - start or chunk.shape[1] != draft_probs.shape[1]:
+            raise ValueError(
+                f"target rows ({start}, {stop}) must be [{stop - start}, {draft_probs.shape[1]}], "
+                f"got {tuple(chunk.shape)}"
+            )
+        rows.extend(chunk.to(device).float())
+        judged = torch.arange(start, min(stop, k), device=device)
+        p_x = chunk[: judged.numel()].to(device).float()[torch.arange(judged.numel(), device=device), drafts[judged]]
+        rejected = (~(uniforms[judged] < p_x / q_x[judged])).nonzero()  # min(1, .) is implicit: uniforms < 1
+        if rejected.numel():
+            accepted = start + int(rejected[0, 0])
+            break
+        if stop == k + 1:
+            accepted = k
+            break
+        start, stop = stop, k + 1
     if accepted < k:
-        residual = torch.clamp(target_probs[accepted].float() - draft_probs[accepted].float(), min=0.0)
+        residual = torch.clamp(rows[accepted] - draft_probs[accepted].float(), min=0.0)
         total = residual.sum()
         # p == q (up to rounding) leaves no residual mass; then p itself is the right law.
-        dist = residual / total if total > 0 else target_probs[accepted].float()
+        dist = residual / total if total > 0 else rows[accepted]
     else:
-        dist = target_probs[k].float()
+        dist = rows[k]
     last = int(torch.multinomial(dist, 1, generator=generator).item())
     return Verdict(accepted, [*drafts[:accepted].tolist(), last])
