@@ -1,8 +1,9 @@
 """A bounded load test of `dspark serve` on loopback; stops by itself.
 
-For each mode (DSpark speculative decoding, plain decoding) it starts a server, then runs
-64 greedy chat requests at 1, 4 and 16 concurrent clients. The 1-client pass is the
-sequential reference; every output at 4 and 16 clients must equal it. Reports errors, p50 /
+For each mode (DSpark at a fixed draft length, DSpark with the cost-model draft length,
+plain decoding) it starts a server, then runs 64 greedy chat requests at 1, 4 and 16
+concurrent clients. The 1-client pass is the sequential reference; every output at 4 and
+16 clients must equal it, and every mode's sequential outputs must equal plain decoding's. Reports errors, p50 /
 p95 latency and total tok/s per level, and writes JSON (with provenance) and markdown:
 
     .venv/bin/python scripts/load_test.py [--target DIR] [--draft DIR] [--requests 64] [--max-tokens 32]
@@ -32,7 +33,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args, k: int) -> tuple[subprocess.Popen, str]:
+def start(args, k: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [
         str(REPO / ".venv" / "bin" / "dspark"),
@@ -43,6 +44,7 @@ def start(args, k: int) -> tuple[subprocess.Popen, str]:
         str(k),
         "--max-concurrency",
         str(max(args.levels) + 4),
+        *extra,
     ]
     if args.target:
         cmd += ["--target", args.target]
@@ -104,6 +106,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
     parser.add_argument("--k", type=int, default=7)
+    parser.add_argument("--modes", default="dspark,dspark-cost,plain", help="comma list of dspark, dspark-cost, plain")
     parser.add_argument("--out", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.json"))
     parser.add_argument("--markdown", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.md"))
     args = parser.parse_args()
@@ -115,8 +118,14 @@ def main() -> None:
     half = args.requests // 2
     prompts = load_prompts("gsm8k", half) + load_prompts("humaneval", args.requests - half)
     rows, failures = [], 0
-    for label, k in (("dspark", args.k), ("plain", 0)):
-        proc, base = start(args, k)
+    known = {"dspark": (args.k, []), "dspark-cost": (args.k, ["--cost-model", "auto"]), "plain": (0, [])}
+    modes = [m for m in args.modes.split(",") if m]
+    if unknown := [m for m in modes if m not in known]:
+        raise SystemExit(f"unknown mode(s) {unknown}; choose from {sorted(known)}")
+    sequential = {}
+    for label in modes:
+        k, extra = known[label]
+        proc, base = start(args, k, extra)
         try:
             reference = None
             for clients in args.levels:
@@ -125,6 +134,7 @@ def main() -> None:
                 ok = [r for r in results if "error" not in r]
                 if reference is None:
                     reference = [r.get("text") for r in results]
+                    sequential[label] = reference
                 mismatches = sum(1 for r, ref in zip(results, reference, strict=True) if r.get("text") != ref)
                 failures += len(errors) + mismatches
                 lat = [r["latency"] for r in ok]
@@ -149,6 +159,11 @@ def main() -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
+    if "plain" in sequential:
+        for row in rows:
+            same = sum(a == b for a, b in zip(sequential[row["mode"]], sequential["plain"], strict=True))
+            row["sequential_equal_to_plain"] = same
+            failures += len(sequential["plain"]) - same if row["clients"] == args.levels[0] else 0
     result = {
         "provenance": {**provenance(seed=0), "command": " ".join(sys.argv)},
         "settings": {
@@ -164,14 +179,15 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     lines = [
-        "| mode | clients | requests | errors | outputs == sequential | p50 latency (s) | p95 latency (s) "
-        "| total tok/s | mean accept_len |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| mode | clients | requests | errors | outputs == sequential | sequential == plain | p50 latency (s) "
+        "| p95 latency (s) | total tok/s | mean accept_len |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
             f"| {r['mode']} (k={r['num_speculative_tokens']}) | {r['clients']} | {r['requests']} | {r['errors']} | "
-            f"{r['outputs_equal_to_sequential']}/{r['requests']} | {r['p50_latency_s']:.2f} | "
+            f"{r['outputs_equal_to_sequential']}/{r['requests']} | "
+            f"{r.get('sequential_equal_to_plain', '—')}/{r['requests']} | {r['p50_latency_s']:.2f} | "
             f"{r['p95_latency_s']:.2f} | "
             f"{r['tokens_per_second']:.1f} | {r['mean_accept_len']:.2f} |"
         )
