@@ -328,3 +328,27 @@ def test_vllm_handoff_for_an_eagle3_drafter(chat_target, tmp_path):
         ],
     )
     assert too_many.exit_code == 2 and "chain steps" in too_many.output
+
+
+def test_worker_builds_its_engines_on_its_own_thread_and_reraises_build_errors():
+    """Every torch op of the server (loading included) runs on the worker thread."""
+    from dspark.errors import DSparkError
+    from dspark.serve.metrics import Metrics
+    from dspark.serve.worker import Worker
+
+    seen = {}
+
+    def build():
+        seen["thread"] = threading.current_thread()
+        return "spec", "plain"
+
+    worker = Worker(build, str, max_queue=1, metrics=Metrics("m"))
+    assert seen["thread"] is worker._thread and seen["thread"] is not threading.main_thread()
+    assert worker.engines == {True: "spec", False: "plain"}
+    worker.shutdown(0)
+
+    def broken():
+        raise DSparkError("no such target")
+
+    with pytest.raises(DSparkError, match="no such target"):
+        Worker(broken, str, max_queue=1, metrics=Metrics("m"))

@@ -41,37 +41,46 @@ def build_app(opts: ServeOptions):
         raise DSparkError(f"--max-concurrency must be >= 1, got {opts.max_concurrency}")
     if opts.request_timeout <= 0:
         raise DSparkError(f"--request-timeout must be > 0, got {opts.request_timeout}")
-    target = TargetModel.from_pretrained(opts.target, device=opts.device, dtype=opts.dtype)
-    if target.tokenizer is None:
-        raise DSparkError(f"{opts.target}: the target has no tokenizer; a server needs one")
     speculative = opts.num_speculative_tokens > 0
     if speculative and opts.draft is None:
         raise DSparkError("--num-speculative-tokens > 0 needs a drafter (--draft)")
-    drafter = (
-        make_drafter(
-            checkpoint_method(opts.draft),
-            target,
-            draft_dir=opts.draft,
-            confidence_threshold=opts.confidence_threshold,
-            cost_model=opts.cost_model,
+    loaded = {}
+
+    def build():
+        # Runs on the worker thread: every torch op of the server stays on one thread (Worker).
+        target = TargetModel.from_pretrained(opts.target, device=opts.device, dtype=opts.dtype)
+        if target.tokenizer is None:
+            raise DSparkError(f"{opts.target}: the target has no tokenizer; a server needs one")
+        limit = int(getattr(target.config, "max_position_embeddings", 0) or 4096)
+        if opts.max_model_len and opts.max_model_len > limit:
+            raise DSparkError(f"--max-model-len {opts.max_model_len} exceeds the target's {limit} positions")
+        drafter = (
+            make_drafter(
+                checkpoint_method(opts.draft),
+                target,
+                draft_dir=opts.draft,
+                confidence_threshold=opts.confidence_threshold,
+                cost_model=opts.cost_model,
+            )
+            if speculative
+            else None
         )
-        if speculative
-        else None
-    )
-    spec_engine = make_engine(target, drafter, opts.num_speculative_tokens if speculative else 0)
-    plain_engine = make_engine(target, None, 0)
+        loaded.update(target=target, limit=limit)
+        return (
+            make_engine(target, drafter, opts.num_speculative_tokens if speculative else 0),
+            make_engine(target, None, 0),
+        )
+
     name = opts.model_name or Path(opts.target).name
-    limit = int(getattr(target.config, "max_position_embeddings", 0) or 4096)
-    max_len = opts.max_model_len or limit
-    if max_len > limit:
-        raise DSparkError(f"--max-model-len {max_len} exceeds the target's {limit} positions")
     metrics = Metrics(name)
-    tok = target.tokenizer
 
     def decode(ids: list[int]) -> str:
-        return tok.decode(ids, skip_special_tokens=True)
+        return loaded["target"].tokenizer.decode(ids, skip_special_tokens=True)
 
-    worker = Worker(spec_engine, plain_engine, decode, max_queue=opts.max_concurrency, metrics=metrics)
+    worker = Worker(build, decode, max_queue=opts.max_concurrency, metrics=metrics)
+    target = loaded["target"]
+    tok = target.tokenizer
+    max_len = opts.max_model_len or loaded["limit"]
     config = ServerConfig(
         model_name=name,
         max_model_len=max_len,
