@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.decoding.verify import FIRST_ROWS
 from dspark.errors import DSparkError
 
 
@@ -116,7 +117,6 @@ def measure_step_cost(target, drafter, *, repeats: int = 5, context_tokens: int 
     """Median wall time of target forwards over 1 .. max_draft_tokens + 1 new tokens after a
     ``context_tokens`` prefix (made non-decreasing, `monotone_costs`), and of one full
     proposal. Leaves the target's cache empty."""
-    from dspark.decoding.engine import FIRST_ROWS
     from dspark.decoding.sampling import SamplingParams
 
     if repeats < 1:

@@ -17,12 +17,6 @@ from dspark.decoding.sampling import SamplingParams, probabilities
 from dspark.decoding.verify import verify_greedy_rows, verify_sampling_rows
 from dspark.target.adapter import TargetModel
 
-# Verification projects the target's first two positions (anchor, first draft) to
-# logits at once and the rest only when both drafts were accepted: at the acceptance rates
-# we see (first draft ~0.45, second ~0.45 after it) that skips most of an 8-row output
-# projection, the largest single matrix of a small target (49152 x 576 for SmolLM2).
-FIRST_ROWS = 2
-
 
 @dataclass
 class GenerationResult:
@@ -143,7 +137,7 @@ class SpeculativeEngine:
             forwards += 1
             c2 = clock()
             if params.greedy:
-                verdict = verify_greedy_rows(drafts, step.rows, first=FIRST_ROWS)
+                verdict = verify_greedy_rows(drafts, step.rows)
             else:
                 draft_probs = proposal.probs if n else torch.zeros(0, target.vocab_size)
                 verdict = verify_sampling_rows(
@@ -151,7 +145,6 @@ class SpeculativeEngine:
                     draft_probs.to(device),
                     lambda a, b, step=step: probabilities(step.rows(a, b), params),
                     generator,
-                    first=FIRST_ROWS,
                 )
             a = verdict.num_accepted
             c3 = clock()

@@ -29,6 +29,10 @@ class ServeOptions:
     device: str = "cpu"
 
 
+def _position_limit(target) -> int:
+    return int(getattr(target.config, "max_position_embeddings", 0) or 4096)
+
+
 def build_app(opts: ServeOptions):
     """The FastAPI app and its worker (the worker thread is running on return)."""
     from dspark.decoding.factory import checkpoint_method, make_drafter, make_engine
@@ -44,14 +48,13 @@ def build_app(opts: ServeOptions):
     speculative = opts.num_speculative_tokens > 0
     if speculative and opts.draft is None:
         raise DSparkError("--num-speculative-tokens > 0 needs a drafter (--draft)")
-    loaded = {}
 
     def build():
         # Runs on the worker thread: every torch op of the server stays on one thread (Worker).
         target = TargetModel.from_pretrained(opts.target, device=opts.device, dtype=opts.dtype)
         if target.tokenizer is None:
             raise DSparkError(f"{opts.target}: the target has no tokenizer; a server needs one")
-        limit = int(getattr(target.config, "max_position_embeddings", 0) or 4096)
+        limit = _position_limit(target)
         if opts.max_model_len and opts.max_model_len > limit:
             raise DSparkError(f"--max-model-len {opts.max_model_len} exceeds the target's {limit} positions")
         drafter = (
@@ -65,7 +68,6 @@ def build_app(opts: ServeOptions):
             if speculative
             else None
         )
-        loaded.update(target=target, limit=limit)
         return (
             make_engine(target, drafter, opts.num_speculative_tokens if speculative else 0),
             make_engine(target, None, 0),
@@ -75,12 +77,12 @@ def build_app(opts: ServeOptions):
     metrics = Metrics(name)
 
     def decode(ids: list[int]) -> str:
-        return loaded["target"].tokenizer.decode(ids, skip_special_tokens=True)
+        return tok.decode(ids, skip_special_tokens=True)  # called by the worker, after `tok` is set
 
     worker = Worker(build, decode, max_queue=opts.max_concurrency, metrics=metrics)
-    target = loaded["target"]
+    target = worker.engines[False].target
     tok = target.tokenizer
-    max_len = opts.max_model_len or loaded["limit"]
+    max_len = opts.max_model_len or _position_limit(target)
     config = ServerConfig(
         model_name=name,
         max_model_len=max_len,

@@ -105,6 +105,7 @@ class TargetModel:
         self._final: torch.Tensor | None = None
         self._keep_final = False
         self._deferred_ok: bool | None = None
+        self._index_ok = False  # True once the model took an empty logits_to_keep index
         self._head = model.get_output_embeddings()
         self._has_logits_to_keep = "logits_to_keep" in params
         self._norm.register_forward_hook(self._final_hook)
@@ -265,7 +266,7 @@ class TargetModel:
         try:
             out = self.model(input_ids=ids, use_cache=True, **kwargs)
         except (TypeError, IndexError, ValueError, RuntimeError):
-            if not deferred:
+            if not deferred or checking or self._index_ok:
                 raise
             # This model does not take an index list for logits_to_keep: project the plain way.
             self._deferred_ok = False
@@ -276,6 +277,7 @@ class TargetModel:
             self._capture = False
             self._keep_final = False
         final, self._final = self._final, None
+        self._index_ok = self._index_ok or (deferred and not checking)
         aux = None
         if capture:
             aux = torch.cat([self._captured[i][0] for i in self._aux_ids], dim=-1)
