@@ -104,12 +104,12 @@ class Worker:
         """``build`` returns (speculative engine, plain engine); it runs on the worker thread,
         and the constructor returns once it has (re-raising what it raised).
 
-        All torch work of the server happens on that one thread, loading included. With the
-        OpenMP (libgomp) CPU builds of torch, a thread that runs torch ops after another
-        thread already has gets a second OpenMP team; two teams on a machine with as many
-        cores as one team needs make libgomp stop spinning between parallel regions, and every
-        small matrix product then pays a thread wake-up. Measured on 2 cores: decoding in a
-        thread other than the loading one ran at 19 tok/s instead of 32.
+        All torch work of the server happens on that one thread, loading included. Measured
+        with the CPU (libgomp) build of torch on 2 cores: once the main thread had run
+        parallel kernels (loading the drafter does), decoding on another thread ran at 19
+        tok/s instead of 32, plain and speculative alike; with OMP_WAIT_POLICY=PASSIVE every
+        thread ran at 19. So the likely cause is OpenMP threads that sleep between parallel
+        regions instead of spinning once a second thread has its own team — not proven.
         """
         self.engines: dict[bool, SpeculativeEngine] = {}
         self.decode = decode
