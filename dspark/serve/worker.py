@@ -105,11 +105,12 @@ class Worker:
         and the constructor returns once it has (re-raising what it raised).
 
         All torch work of the server happens on that one thread, loading included. Measured
-        with the CPU (libgomp) build of torch on 2 cores: once the main thread had run
-        parallel kernels (loading the drafter does), decoding on another thread ran at 19
-        tok/s instead of 32, plain and speculative alike; with OMP_WAIT_POLICY=PASSIVE every
-        thread ran at 19. So the likely cause is OpenMP threads that sleep between parallel
-        regions instead of spinning once a second thread has its own team — not proven.
+        with the CPU (libgomp) build of torch on 2 cores (scripts/profile_target_forward.py):
+        once the main thread had run parallel kernels (loading the drafter does), plain
+        decoding on another thread ran at 17.6 tok/s instead of 29.4; with
+        OMP_WAIT_POLICY=PASSIVE every thread ran at the slow rate. So the likely cause is
+        OpenMP threads that sleep between parallel regions instead of spinning once a second
+        thread has its own team — not proven.
         """
         self.engines: dict[bool, SpeculativeEngine] = {}
         self.decode = decode
