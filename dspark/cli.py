@@ -280,6 +280,13 @@ def datagen_cmd(
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus filter when sampling.")] = 1.0,
     batch_size: Annotated[int, typer.Option(min=1, help="Prompts generated together.")] = 8,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    dtype: Annotated[
+        DType,
+        typer.Option(
+            help="Compute dtype. bfloat16 is ~2x faster on CPUs with AMX at batch 64, but its greedy text "
+            "can differ from the float32 target's."
+        ),
+    ] = DType.float32,
 ) -> None:
     """Regenerate responses with the target itself (self-distillation), tokenized with a loss mask."""
     from dspark.defaults import resolve_target
@@ -288,7 +295,7 @@ def datagen_cmd(
 
     try:
         rows = read_prompts(prompts, field)[:limit]
-        tgt = TargetModel.from_pretrained(resolve_target(target))
+        tgt = TargetModel.from_pretrained(resolve_target(target), dtype=_torch_dtype(dtype))
         n = self_distill(
             tgt,
             rows,
@@ -732,6 +739,9 @@ def bench_cmd(
     markdown: Annotated[Path | None, typer.Option(help="Write the markdown table here.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a per-position acceptance plot (PNG) here.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
+    dtype: Annotated[
+        DType, typer.Option(help="Compute dtype for target and drafters (every method, baseline included).")
+    ] = DType.float32,
 ) -> None:
     """Speculative decoding benchmark in the model card's format; methods interleaved in one run."""
     from dspark.bench.provenance import provenance, write_json
@@ -746,7 +756,7 @@ def bench_cmd(
         names = [d for d in datasets.split(",") if d]
         ns = _parse_ids(n, "--n") or [7]
         target_dir = resolve_target(target)
-        tgt = TargetModel.from_pretrained(target_dir, device=_device(device))
+        tgt = TargetModel.from_pretrained(target_dir, device=_device(device), dtype=_torch_dtype(dtype))
         result_rows = run_bench(
             tgt,
             datasets=names,
@@ -772,6 +782,7 @@ def bench_cmd(
                     max_new_tokens=max_new_tokens,
                     temperature=temperature,
                     rows=rows,
+                    dtype=dtype.value,
                 ),
                 "rows": result_rows,
             },
