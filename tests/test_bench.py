@@ -48,6 +48,7 @@ def test_bench_writes_the_card_table_and_json(tiny_target_dirs, tmp_path):
     assert (tmp_path / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads(out.read_text())
     assert report["provenance"]["commit"] is None or len(report["provenance"]["commit"]) == 40
+    assert report["provenance"]["dtype"] == "float32"
     rows = report["rows"]
     assert {(r["dataset"], r["method"], r["n"]) for r in rows} >= {("gsm8k", "dspark", 7), ("aime24", "ngram", 3)}
     for r in rows:
