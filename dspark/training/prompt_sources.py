@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import re
 from pathlib import Path
 
 from dspark.errors import DSparkError
@@ -127,6 +128,9 @@ def _stdlib_functions():
                 sig = str(inspect.signature(obj))
             except (TypeError, ValueError):
                 continue
+            # Sentinel defaults print their address (`<object object at 0x7f...>`): drop it, so the
+            # same Python gives the same prompts in every process.
+            sig = re.sub(r" at 0x[0-9a-fA-F]+", "", sig)
             if (attr, sig, doc) in seen:  # os.path re-exports posixpath, genericpath...
                 continue
             seen.add((attr, sig, doc))
