@@ -149,6 +149,12 @@ def test_bench_compares_peers_in_one_run(tiny_target_dirs, tmp_path):
         app, ["bench", "--target", target, "--methods", "eagle3", "--draft-eagle3", str(tmp_path / "dspark")]
     )
     assert bad.exit_code != 0 and "holds a dspark drafter, not a eagle3 one" in bad.output
+    # a draft length the drafter cannot draft is an error, not a column labelled n=99 that drafts fewer
+    for n, message in (("99", "dspark drafts at most"), ("0", "draft lengths must be >= 1")):
+        wrong = runner.invoke(
+            app, ["bench", "--target", target, "--methods", "dspark", "--draft", str(tmp_path / "dspark"), "--n", n]
+        )
+        assert wrong.exit_code == 2 and message in wrong.output, wrong.output
 
 
 def test_provenance_outside_a_git_checkout_names_the_given_commit(monkeypatch):

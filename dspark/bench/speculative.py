@@ -17,6 +17,7 @@ import torch
 from dspark.bench.datasets import load_prompts
 from dspark.decoding.factory import DRAFTER_METHODS, make_drafter, make_engine
 from dspark.decoding.sampling import SamplingParams
+from dspark.errors import DSparkError
 from dspark.training.datagen import encode_prompt
 
 
@@ -68,7 +69,6 @@ class MethodSpec:
 
 def _draft_rule(entry: str, rule: str) -> tuple[float | None, str | None]:
     """``@0.5`` -> confidence threshold 0.5; ``@cost`` -> measured cost model; ``@cost=FILE``."""
-    from dspark.errors import DSparkError
 
     if rule == "cost":
         return None, "auto"
@@ -91,7 +91,6 @@ def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> li
     suffix unless one is given. The baseline is always first."""
     from dspark.decoding.factory import METHODS, checkpoint_method
     from dspark.defaults import resolve_draft
-    from dspark.errors import DSparkError
 
     drafts = drafts or {}
     specs: list[MethodSpec] = [MethodSpec("baseline", "baseline")]
@@ -146,8 +145,13 @@ def run_bench(
         for spec in methods
         if spec.method != "baseline"
     }
+    if any(n < 1 for n in ns):
+        raise DSparkError(f"--n: draft lengths must be >= 1, got {ns}")
+    for m, d in drafters.items():
+        if max(ns) > d.max_draft_tokens:  # a column labelled n=9 must not quietly draft 7
+            raise DSparkError(f"--n {max(ns)}: {m} drafts at most {d.max_draft_tokens} tokens per step")
     baseline = make_engine(target, None, 0)
-    engines = {(m, n): make_engine(target, d, min(n, d.max_draft_tokens)) for m, d in drafters.items() for n in ns}
+    engines = {(m, n): make_engine(target, d, n) for m, d in drafters.items() for n in ns}
     out_rows = []
     for name in datasets:
         prompts = load_prompts(name, rows)
