@@ -1,15 +1,12 @@
-"""Copy a trained default drafter into models/ with its TRAINING.json.
+"""Copy a trained default drafter into models/ with its TRAINING.json (step 6 of train_default_drafter.sh).
 
-    python scripts/export_default_drafter.py dspark|dflash|eagle3            # stage 1 (train_default_drafter.sh)
-    STAGE=2 python scripts/export_default_drafter.py dspark|dflash|eagle3    # stage 2 (train_stage2.sh)
+    python scripts/export_default_drafter.py dspark|dflash|eagle3
 
-Stage 1 reads .cache/smollm2/run-<method>/final and its train log; stage 2 reads
-.cache/smollm2-v2/run-<method>/final and keeps stage 1's summary under "stage1". Writes
-models/smollm2-135m-<method> (bf16, without the target's embedding). TRAINING.json records the
-budget, the loss and the teacher-forced accept_len of the shipped copy (`dspark evaluate`, 32
-blocks a row) on the first 64 training rows and on 64 held-out rows: stage 1 with HELDOUT=FILE
-(a longer datagen output of the same prompts; the 64 rows after the trained ones), stage 2 on
-.cache/smollm2-v2/data-heldout.jsonl.
+Reads .cache/smollm2/run-<method>/final and its train log; writes models/smollm2-135m-<method>
+(bf16, without the target's embedding). TRAINING.json records the budget, the loss and the
+teacher-forced accept_len of the shipped copy (`dspark evaluate`, 32 blocks a
+row) on the first 64 training rows and, with HELDOUT=FILE (a longer datagen output of the same
+prompts), on the 64 rows after the trained ones.
 """
 
 from __future__ import annotations
@@ -31,9 +28,8 @@ from dspark.target import TargetModel
 from dspark.training.data import load_examples
 from dspark.training.evaluate import simulated_accept_len
 
-STAGE = os.environ.get("STAGE", "1")
-CACHE = Path(".cache/smollm2" if STAGE == "1" else ".cache/smollm2-v2")
-DATA = CACHE / ("data.jsonl" if STAGE == "1" else "data-train.jsonl")
+CACHE = Path(".cache/smollm2")
+DATA = CACHE / "data.jsonl"
 EVAL_ROWS = 64
 
 
@@ -47,8 +43,7 @@ def teacher_forced(out: Path, target: TargetModel, heldout: str | None) -> dict:
         )["sim_accept_len"]
     }
     if heldout:
-        held = load_examples(heldout, max_len=512)
-        held = held[:EVAL_ROWS] if STAGE == "2" else held[len(train) : len(train) + EVAL_ROWS]
+        held = load_examples(heldout, max_len=512)[len(train) : len(train) + EVAL_ROWS]
         if held:
             figures[f"teacher_forced_accept_len_{len(held)}_heldout_rows"] = simulated_accept_len(
                 model, target, held, max_anchors=32, num_drafts=7
@@ -75,39 +70,26 @@ def main(method: str) -> None:
     run = CACHE / f"run-{method}"
     target = TargetModel.from_pretrained(default_target_dir())
     out = default_draft_dir(method)
-    stage1 = json.loads((out / "TRAINING.json").read_text()) if STAGE == "2" else None
-    if stage1 is not None and "stage1" in stage1:
-        sys.exit(f"{out} already holds a stage-2 drafter")
     model = load_drafter(run / "final", target_embedding=target.embedding_weight())
     ship_unless_unchanged(model, out)
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     tail = log[-30:]  # the last 300 steps (log_every 10)
     rows = [json.loads(line) for line in DATA.open()]
-    tokens = f"{sum(sum(r['loss_mask']) for r in rows):,} assistant tokens"
-    if STAGE == "1":
-        recipe = f"recipes/smollm2-135m-{method}.yaml"
-        data = f"{len(rows)} prompts from scripts/train_default_drafter.sh, answered greedily by the target "
-    else:
-        recipe = f"recipes/stage2/smollm2-135m-{method}.yaml, continuing stage 1 (below)"
-        data = f"{len(rows)} prompts from scripts/train_stage2.sh, answered greedily by the target in bf16 "
     summary = {
-        "recipe": recipe,
-        "data": data + f"(<= 256 new tokens): {tokens}",
+        "recipe": f"recipes/smollm2-135m-{method}.yaml",
+        "data": f"{len(rows)} prompts from scripts/train_default_drafter.sh, answered greedily by the target "
+        f"(<= 256 new tokens): {sum(sum(r['loss_mask']) for r in rows):,} assistant tokens",
         "source": "offline (dspark cache-features, aux layers 2,15,27)",
         "steps": log[-1]["step"],
         "wall_minutes": round(sum(r["step_seconds"] for r in log) * 10 / 60, 1),
         "final_loss_mean_last_300_steps": statistics.mean(r["loss"] for r in tail),
         "sim_accept_len_mean_last_300_steps": statistics.mean(r["sim_accept_len"] for r in tail),
-        **teacher_forced(
-            out, target, os.environ.get("HELDOUT") or (str(CACHE / "data-heldout.jsonl") if stage1 else None)
-        ),
+        **teacher_forced(out, target, os.environ.get("HELDOUT")),
         "machine": "2 CPU cores (shared), torch " + torch.__version__,
         "note": "accept_len figures are teacher forced (1 + expected accepted drafts per block): the log mean "
         "is over 30 single training sequences (noisy); the teacher_forced_* ones are `dspark evaluate` "
         "over 64 rows, 32 blocks each",
     }
-    if stage1 is not None:
-        summary["stage1"] = stage1
     (out / "TRAINING.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("wrote", out, json.dumps(summary, indent=2))
 

@@ -14,8 +14,8 @@
 #   4. dspark cache-features (fp32 target, aux layers 2,15,27)
 #   5. dspark train --config recipes/stage2/smollm2-135m-<method>.yaml for the three, side by side
 #      (one thread each), then dspark evaluate on the held-out rows for stage 1 and stage 2
-# Every stage resumes. SHIP=1 afterwards copies the stage-2 drafters into models/ (see
-# scripts/export_default_drafter.py).
+# Every stage resumes. The stage-2 drafters stay in .cache/smollm2-v2: nothing here ships them to
+# models/ (scripts/export_default_drafter.py exports stage-1 runs only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 C=.cache/smollm2-v2
