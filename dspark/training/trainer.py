@@ -241,9 +241,8 @@ class Trainer:
                 if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == end):
                     with log_path.open("a") as fh:
                         fh.write(json.dumps(last) + "\n")
-                bar.set_postfix(
-                    loss=f"{last.get('loss', float('nan')):.4f}", tau=f"{last.get('sim_accept_len', 0):.2f}"
-                )
+                if "loss" in last:  # a step whose batches held no anchor has no loss: keep the last shown
+                    bar.set_postfix(loss=f"{last['loss']:.4f}", tau=f"{last.get('sim_accept_len', 0):.2f}")
                 bar.update(1)
                 if self.step % cfg.checkpoint_every == 0 or self.step == end:
                     self.save_checkpoint()
