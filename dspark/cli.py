@@ -169,6 +169,14 @@ CostModelOption = Annotated[
         "draft times first (seconds), or a StepCost JSON file (docs/benchmarking.md)."
     ),
 ]
+PromptLookupOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Prompt lookup first: when the last N tokens occurred earlier in the prompt or output, draft "
+        "what followed them; otherwise the drafter's block (docs/benchmarking.md). 3 is a good start.",
+    ),
+]
 
 
 @app.command("generate")
@@ -189,6 +197,7 @@ def generate_cmd(
     ] = None,
     confidence_threshold: ConfidenceThresholdOption = None,
     cost_model: CostModelOption = None,
+    prompt_lookup: PromptLookupOption = None,
     check_lossless: Annotated[
         bool, typer.Option(help="Also run plain greedy decoding and compare token by token (exit 1 on mismatch).")
     ] = False,
@@ -217,7 +226,12 @@ def generate_cmd(
             draft_dir = resolve_draft(draft, name)
         tgt = TargetModel.from_pretrained(resolve_target(target), device=_device(device), dtype=_torch_dtype(dtype))
         drafter = make_drafter(
-            name, tgt, draft_dir=draft_dir, confidence_threshold=confidence_threshold, cost_model=cost_model
+            name,
+            tgt,
+            draft_dir=draft_dir,
+            confidence_threshold=confidence_threshold,
+            cost_model=cost_model,
+            prompt_lookup=prompt_lookup,
         )
         engine = make_engine(tgt, drafter, num_speculative_tokens)
         prompt_ids = _encode(tgt, prompt, chat)
@@ -231,6 +245,7 @@ def generate_cmd(
     except (DSparkError, ValueError) as exc:
         _fail(str(exc))
     text = tgt.tokenizer.decode(result.tokens, skip_special_tokens=True) if tgt.tokenizer else None
+    name = drafter.name if prompt_lookup is not None else name  # e.g. dspark+ngram
     report = {
         "text": text,
         "tokens": result.tokens,
@@ -249,6 +264,8 @@ def generate_cmd(
         "drafted_tokens": result.drafted_tokens,
         "step_cost": step_cost.to_dict() if (step_cost := getattr(drafter, "step_cost", None)) else None,
     }
+    if prompt_lookup is not None:
+        report["lookup_steps"] = drafter.lookup_steps
     if check_lossless and not params.greedy:
         report["lossless_note"] = (
             "sampled output is lossless in distribution (rejection sampling); a token-by-token check "
@@ -623,6 +640,7 @@ def serve_cmd(
     ] = None,
     confidence_threshold: ConfidenceThresholdOption = None,
     cost_model: CostModelOption = None,
+    prompt_lookup: PromptLookupOption = None,
     served_model_name: Annotated[
         str | None, typer.Option(help="Model id clients send (default: target dir name).")
     ] = None,
@@ -667,6 +685,7 @@ def serve_cmd(
                 model_name=served_model_name,
                 confidence_threshold=confidence_threshold,
                 cost_model=cost_model,
+                prompt_lookup=prompt_lookup,
                 shutdown_grace=shutdown_grace,
             ),
             log=lambda m: typer.echo(m, err=True),

@@ -168,3 +168,65 @@ def test_provenance_outside_a_git_checkout_names_the_given_commit(monkeypatch):
     assert (prov.provenance()["commit"], prov.provenance()["dirty"]) == (None, None)
     monkeypatch.setenv("DSPARK_SOURCE_COMMIT", "a" * 40)
     assert (prov.provenance()["commit"], prov.provenance()["dirty"]) == ("a" * 40, None)
+
+
+def test_methods_with_prompt_lookup_parse_and_run(tiny_target_dirs, tmp_path):
+    """`+ngram[N]` after a drafter name or path: prompt lookup first, the drafter otherwise."""
+    import pytest
+
+    from dspark.bench.speculative import parse_methods
+    from dspark.errors import DSparkError
+
+    target = str(tiny_target_dirs["llama"])
+    draft = tmp_path / "dspark"
+    assert runner.invoke(app, ["init", "--target", target, "--out", str(draft)]).exit_code == 0
+    specs = parse_methods(f"dspark+ngram@cost,dspark+ngram2,mine={draft}+ngram@0.5,dspark", {"dspark": draft})
+    got = [(s.label, s.method, s.prompt_lookup, s.cost_model, s.confidence_threshold) for s in specs[1:]]
+    assert got == [
+        ("dspark+ngram@cost", "dspark", 3, "auto", None),
+        ("dspark+ngram2", "dspark", 2, None, None),
+        ("mine", "dspark", 3, None, 0.5),
+        ("dspark", "dspark", None, None, None),
+    ]
+    assert specs[2].draft_dir == draft and specs[3].draft_dir == draft
+    for bad in ("ngram+ngram", "dspark+ngram0", "dspark+ngramx"):
+        with pytest.raises(DSparkError):
+            parse_methods(bad, {"dspark": draft})
+    out = tmp_path / "bench.json"
+    result = runner.invoke(
+        app,
+        ["bench", "--target", target, "--draft", str(draft), "--methods", "dspark,dspark+ngram", "--datasets",
+         "humaneval", "--rows", "1", "--n", "3", "--max-new-tokens", "16", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["method"] for r in rows] == ["baseline", "dspark", "dspark+ngram"]
+    assert all(r["lossless"] is True for r in rows)
+    assert "lookup_share" not in rows[1] and 0.0 <= rows[2]["lookup_share"] <= 1.0
+    assert "draft_lookup" in rows[2]["timings"]
+    # prompt lookup wraps a drafter checkpoint; it is not an option of plain or n-gram decoding
+    wrong = runner.invoke(
+        app, ["generate", "--target", target, "--method", "ngram", "--prompt", "hi", "--prompt-lookup", "3"]
+    )
+    assert wrong.exit_code != 0 and "--prompt-lookup wraps a drafter checkpoint" in wrong.output
+    made = runner.invoke(
+        app,
+        [
+            "generate",
+            "--target",
+            target,
+            "--draft",
+            str(draft),
+            "--prompt",
+            "a b a b a b",
+            "--max-new-tokens",
+            "8",
+            "--prompt-lookup",
+            "2",
+            "--check-lossless",
+            "--json",
+        ],
+    )
+    assert made.exit_code == 0, made.output
+    report = json.loads(made.stdout.strip().splitlines()[-1])
+    assert report["method"] == "dspark+ngram" and report["lossless"] is True and "lookup_steps" in report

@@ -146,3 +146,28 @@ def test_k_larger_than_the_block_is_refused(tiny_targets):
     assert drafter.max_draft_tokens == 3
     with pytest.raises(ValueError, match="exceeds"):
         SpeculativeEngine(target, drafter, num_speculative_tokens=4)
+
+
+REPEATING = "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1, 2,"
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_lookup_first_dspark_is_lossless_and_uses_both_drafters(tiny_targets, k):
+    """Prompt lookup first, the model's block otherwise: token-identical to plain decoding,
+    and on a repeating prompt both branches draft."""
+    from dspark.decoding import LookupFirstDrafter
+
+    target = tiny_targets["llama"]
+    ids = encode(target, REPEATING)
+    plain = SpeculativeEngine(target).generate(ids, max_new_tokens=MAX_NEW, stop_token_ids=set()).tokens
+    drafter = LookupFirstDrafter(
+        DSparkDrafter(untrained_drafter(target), target_vocab_size=target.vocab_size), target.vocab_size, min_ngram=2
+    )
+    assert drafter.name == "dspark+ngram"
+    result = SpeculativeEngine(target, drafter, num_speculative_tokens=k).generate(
+        ids, max_new_tokens=MAX_NEW, stop_token_ids=set()
+    )
+    assert result.tokens == plain
+    assert drafter.lookup_steps > 0 and drafter.model_steps > 0
+    assert drafter.lookup_steps + drafter.model_steps <= result.target_forwards
+    assert drafter.timings["lookup"] > 0 and drafter.timings["backbone"] > 0

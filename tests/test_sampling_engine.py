@@ -57,3 +57,30 @@ def test_speculative_sampling_matches_target_joint(tiny_targets):
     assert tv < 0.06, f"TV {tv:.3f}"
     assert 0 < accepted < drafted  # some drafts accepted, some rejected
     assert len(list(itertools.islice(exact, 2))) == 2
+
+
+def test_lookup_first_sampling_matches_target_joint(tiny_targets):
+    """Lookup drafts are point masses (q = 1): accept with p, else resample from the residual.
+    Through LookupFirstDrafter the output still follows the target's distribution."""
+    from dspark.decoding import LookupFirstDrafter
+
+    target = tiny_targets["qwen3"]
+    # Every token id occurs once before the question, so the 1-gram lookup always finds the
+    # anchor and drafts what followed it: arbitrary tokens, mostly rejected, sometimes accepted.
+    prompt = list(range(target.vocab_size)) + target.tokenizer("for i in")["input_ids"]
+    exact = exact_joint(target, prompt, 3)
+    drafter = LookupFirstDrafter(ModelDrafter(target, temperature_scale=1.6), target.vocab_size, min_ngram=1)
+    engine = SpeculativeEngine(target, drafter, num_speculative_tokens=2)
+    gen = torch.Generator().manual_seed(11)
+    n = 3000
+    counts = dict.fromkeys(exact, 0)
+    accepted = drafted = 0
+    for _ in range(n):
+        r = engine.generate(prompt, max_new_tokens=3, params=PARAMS, generator=gen, stop_token_ids=set())
+        counts[tuple(r.tokens)] += 1
+        accepted += sum(r.position_accepts)
+        drafted += r.drafted_tokens
+    tv = 0.5 * sum(abs(counts[key] / n - exact[key]) for key in exact)
+    assert tv < 0.06, f"TV {tv:.3f}"
+    assert drafter.lookup_steps >= n and drafter.model_steps == 0
+    assert drafted >= n and accepted < drafted  # the accept path of point masses: test_verify.py

@@ -355,3 +355,11 @@ def test_worker_builds_its_engines_on_its_own_thread_and_reraises_build_errors()
 
     with pytest.raises(DSparkError, match="no such target"):
         Worker(broken, str, max_queue=1, metrics=Metrics("m"))
+
+
+def test_prompt_lookup_needs_a_drafter(chat_target):
+    from dspark.errors import DSparkError
+    from dspark.serve.server import ServeOptions, build_app
+
+    with pytest.raises(DSparkError, match="--prompt-lookup drafts for a drafter"):
+        build_app(ServeOptions(target=chat_target, draft=None, num_speculative_tokens=0, prompt_lookup=3))

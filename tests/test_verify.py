@@ -71,6 +71,28 @@ def test_sampling_rejects_a_draft_with_zero_draft_probability():
         verify_sampling(torch.tensor([0]), q, p, None)
 
 
+def test_sampling_a_point_mass_draft_follows_the_target():
+    """A deterministic drafter (prompt lookup) sends q = 1 on its token: accepted with
+    probability p(token), otherwise the token comes from p without it. Either way the emitted
+    token has the target's law. TV < 0.02 over 20k draws (sampling noise ~ 0.006)."""
+    from dspark.decoding.drafters import point_mass
+
+    gen = torch.Generator().manual_seed(99)
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]])
+    drafts = torch.tensor([1])
+    q = point_mass(drafts, 4)
+    n = 20_000
+    counts = torch.zeros(4)
+    accepted = 0
+    for _ in range(n):
+        v = verify_sampling(drafts, q, p, gen)
+        accepted += v.num_accepted
+        counts[v.tokens[0]] += 1
+    tv = 0.5 * (counts / n - p[0]).abs().sum().item()
+    assert tv < 0.02, f"TV {tv:.4f}"
+    assert abs(accepted / n - 0.3) < 0.02
+
+
 def test_sampling_output_follows_the_target_distribution():
     """Statistical: the emitted pair (x1, x2) has the target's joint law.
 

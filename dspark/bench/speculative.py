@@ -33,6 +33,7 @@ class Cell:
     prompts: int = 0
     drafted: int = 0  # draft tokens sent to verification
     timings: dict = field(default_factory=dict)  # decode seconds by stage, summed over prompts
+    lookup_steps: int = 0  # steps a `+ngram` drafter drafted by prompt lookup
 
     def add(self, result, baseline_tokens: list[int] | None) -> None:
         self.prompts += 1
@@ -65,6 +66,18 @@ class MethodSpec:
     draft_dir: Path | None = None
     confidence_threshold: float | None = None
     cost_model: str | None = None  # "auto" or a StepCost JSON path
+    prompt_lookup: int | None = None  # ``+ngram[N]``: prompt lookup first (n-gram length N, default 3)
+
+
+def _lookup_suffix(entry: str, name: str) -> tuple[str, int | None]:
+    """``dspark+ngram`` -> ("dspark", 3); ``dspark+ngram2`` -> ("dspark", 2); else (name, None)."""
+    base, plus, tail = name.rpartition("+ngram")
+    if not plus or (tail and not tail.isdigit()):
+        return name, None
+    length = int(tail) if tail else 3
+    if length < 1:
+        raise DSparkError(f"--methods {entry!r}: the lookup n-gram length must be >= 1")
+    return base, length
 
 
 def _draft_rule(entry: str, rule: str) -> tuple[float | None, str | None]:
@@ -88,7 +101,9 @@ def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> li
     checkpoint under its own label). A drafter entry may end in a draft-length rule:
     ``@0.5`` truncates at that confidence survival, ``@cost`` picks the length from this
     machine's measured step cost (``@cost=FILE`` from a saved one); the label keeps the
-    suffix unless one is given. The baseline is always first."""
+    suffix unless one is given. A drafter name or path followed by ``+ngram`` (``+ngramN``)
+    drafts by prompt lookup when the last 3 (N) tokens recur, by the model otherwise
+    (``dspark+ngram@cost``). The baseline is always first."""
     from dspark.decoding.factory import METHODS, checkpoint_method
     from dspark.defaults import resolve_draft
 
@@ -103,14 +118,16 @@ def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> li
             if "@" in rest:
                 path, _, rule = rest.rpartition("@")
                 threshold, cost = _draft_rule(entry, rule)
-            specs.append(MethodSpec(label, checkpoint_method(Path(path)), Path(path), threshold, cost))
+            path, lookup = _lookup_suffix(entry, path)
+            specs.append(MethodSpec(label, checkpoint_method(Path(path)), Path(path), threshold, cost, lookup))
             continue
         name, _, rule = entry.partition("@")
         threshold, cost = _draft_rule(entry, rule) if rule else (None, None)
-        if name == "ngram" and not rule:
+        name, lookup = _lookup_suffix(entry, name)
+        if name == "ngram" and not rule and lookup is None:
             specs.append(MethodSpec("ngram", "ngram"))
         elif name in DRAFTER_METHODS:
-            specs.append(MethodSpec(entry, name, resolve_draft(drafts.get(name), name), threshold, cost))
+            specs.append(MethodSpec(entry, name, resolve_draft(drafts.get(name), name), threshold, cost, lookup))
         else:
             raise DSparkError(f"unknown method {entry!r}; choose from {', '.join(METHODS)} or LABEL=PATH")
     labels = [s.label for s in specs]
@@ -141,6 +158,7 @@ def run_bench(
             draft_dir=spec.draft_dir,
             confidence_threshold=spec.confidence_threshold,
             cost_model=spec.cost_model,
+            prompt_lookup=spec.prompt_lookup,
         )
         for spec in methods
         if spec.method != "baseline"
@@ -169,7 +187,9 @@ def run_bench(
             for key, engine in engines.items():
                 drafter = engine.drafter
                 before = dict(getattr(drafter, "timings", {}))
+                lookups = getattr(drafter, "lookup_steps", 0)
                 cells[key].add(gen(engine), base.tokens if params.greedy else None)
+                cells[key].lookup_steps += getattr(drafter, "lookup_steps", 0) - lookups
                 for stage, total in getattr(drafter, "timings", {}).items():
                     name_ = f"draft_{stage}"
                     cells[key].timings[name_] = cells[key].timings.get(name_, 0.0) + total - before.get(stage, 0.0)
@@ -178,6 +198,8 @@ def run_bench(
             row = _row(name, method, n, cell, base_cell, params)
             if (cost := getattr(drafters[method], "step_cost", None)) is not None:
                 row["step_cost"] = cost.to_dict()  # measured once, before the timed loop
+            if hasattr(drafters[method], "lookup_steps"):  # share of verification steps drafted by lookup
+                row["lookup_share"] = cell.lookup_steps / cell.forwards if cell.forwards else 0.0
             out_rows.append(row)
     return out_rows
 

@@ -1,7 +1,7 @@
 """Propose -> verify -> accept: the drafters, the verifiers and the engine."""
 
 from dspark.decoding.draft_length import StepCost, measure_step_cost
-from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, NgramDrafter, Proposal
+from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, LookupFirstDrafter, NgramDrafter, Proposal
 from dspark.decoding.engine import GenerationResult, SpeculativeEngine
 from dspark.decoding.sampling import SamplingParams
 from dspark.decoding.verify import Verdict, verify_greedy, verify_greedy_rows, verify_sampling, verify_sampling_rows
@@ -11,6 +11,7 @@ __all__ = [
     "Drafter",
     "Eagle3Drafter",
     "GenerationResult",
+    "LookupFirstDrafter",
     "NgramDrafter",
     "Proposal",
     "SamplingParams",

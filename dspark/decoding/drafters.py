@@ -92,6 +92,65 @@ class NgramDrafter:
         self.history.extend(int(t) for t in token_ids.tolist())
 
 
+class LookupFirstDrafter:
+    """Prompt lookup first, the model drafter otherwise: when the last ``min_ngram`` tokens
+    (anchor included) occurred earlier in the prompt or output, the step drafts their most
+    recent continuation (`NgramDrafter`, longest match up to ``max_ngram``); otherwise the
+    wrapped model drafter drafts, with its own draft-length rule. The model drafter sees every
+    verified token either way, so its context stays complete. Lossless like any drafter: the
+    lookup's tokens are verified like the model's (point masses under sampling)."""
+
+    def __init__(self, model_drafter, vocab_size: int, *, min_ngram: int = 3, max_ngram: int | None = None) -> None:
+        if min_ngram < 1:
+            raise ValueError(f"prompt lookup needs an n-gram length >= 1, got {min_ngram}")
+        self.model_drafter = model_drafter
+        self.lookup = NgramDrafter(
+            vocab_size,
+            min_ngram=min_ngram,
+            max_ngram=max(min_ngram, max_ngram or 3),
+            max_draft=model_drafter.max_draft_tokens,
+        )
+        self.name = f"{model_drafter.name}+ngram"
+        self.needs_aux_hidden = model_drafter.needs_aux_hidden
+        self.lookup_steps = 0  # steps drafted by the lookup / by the model (for reports)
+        self.model_steps = 0
+        self._lookup_seconds = 0.0
+
+    @property
+    def config(self):
+        return self.model_drafter.config
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.model_drafter.max_draft_tokens
+
+    @property
+    def step_cost(self) -> StepCost | None:
+        return getattr(self.model_drafter, "step_cost", None)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return {**getattr(self.model_drafter, "timings", {}), "lookup": self._lookup_seconds}
+
+    def begin(self, prompt_ids: torch.Tensor, prompt_aux: torch.Tensor | None) -> None:
+        self.model_drafter.begin(prompt_ids, prompt_aux)
+        self.lookup.begin(prompt_ids, None)
+
+    def propose(self, anchor: int, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        t0 = time.perf_counter()
+        found = self.lookup.propose(anchor, k, params, generator)
+        self._lookup_seconds += time.perf_counter() - t0
+        if len(found):
+            self.lookup_steps += 1
+            return found
+        self.model_steps += 1
+        return self.model_drafter.propose(anchor, k, params, generator)
+
+    def accept(self, token_ids: torch.Tensor, aux: torch.Tensor | None) -> None:
+        self.model_drafter.accept(token_ids, aux)
+        self.lookup.accept(token_ids, None)
+
+
 class DSparkDrafter:
     """Block-parallel drafting with a DSpark (or DFlash) model and its own context KV cache.
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from dspark.decoding.draft_length import StepCost, measure_step_cost
-from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, NgramDrafter
+from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, LookupFirstDrafter, NgramDrafter
 from dspark.decoding.engine import SpeculativeEngine
 from dspark.errors import DSparkError
 from dspark.model.checkpoint import load_drafter
@@ -72,9 +72,26 @@ def make_drafter(
     confidence_threshold: float | None = None,
     cost_model: str | Path | None = None,
     dtype: torch.dtype | None = None,
+    prompt_lookup: int | None = None,
 ) -> Drafter | None:
     """``cost_model``: ``"auto"`` measures this machine's step cost now (a few seconds), a path
-    loads a saved `StepCost` JSON; either picks each step's draft length (draft_length.py)."""
+    loads a saved `StepCost` JSON; either picks each step's draft length (draft_length.py).
+    ``prompt_lookup`` N (a drafter method only): draft the continuation of an earlier occurrence
+    of the last N tokens when there is one, the model's block otherwise (`LookupFirstDrafter`)."""
+    if prompt_lookup is not None:
+        if method not in DRAFTER_METHODS:
+            raise DSparkError(f"--prompt-lookup wraps a drafter checkpoint (dspark, dflash, eagle3), not {method}")
+        if prompt_lookup < 1:
+            raise DSparkError(f"--prompt-lookup must be an n-gram length >= 1, got {prompt_lookup}")
+        model_drafter = make_drafter(
+            method,
+            target,
+            draft_dir=draft_dir,
+            confidence_threshold=confidence_threshold,
+            cost_model=cost_model,
+            dtype=dtype,
+        )
+        return LookupFirstDrafter(model_drafter, target.vocab_size, min_ngram=prompt_lookup)
     if cost_model is not None and method not in ("dspark", "dflash"):
         raise DSparkError(f"--cost-model needs a drafter with a confidence head; {method} has none")
     if method == "baseline":

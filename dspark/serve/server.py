@@ -24,6 +24,7 @@ class ServeOptions:
     model_name: str | None = None
     confidence_threshold: float | None = None
     cost_model: str | None = None  # "auto" or a StepCost JSON: per-step draft length
+    prompt_lookup: int | None = None  # n-gram length: prompt lookup first, the drafter otherwise
     shutdown_grace: float = 10.0
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
@@ -48,6 +49,8 @@ def build_app(opts: ServeOptions):
     speculative = opts.num_speculative_tokens > 0
     if speculative and opts.draft is None:
         raise DSparkError("--num-speculative-tokens > 0 needs a drafter (--draft)")
+    if opts.prompt_lookup is not None and not speculative:
+        raise DSparkError("--prompt-lookup drafts for a drafter; it needs --num-speculative-tokens > 0")
 
     def build():
         # Runs on the worker thread: every torch op of the server stays on one thread (Worker).
@@ -64,6 +67,7 @@ def build_app(opts: ServeOptions):
                 draft_dir=opts.draft,
                 confidence_threshold=opts.confidence_threshold,
                 cost_model=opts.cost_model,
+                prompt_lookup=opts.prompt_lookup,
             )
             if speculative
             else None
