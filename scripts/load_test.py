@@ -1,8 +1,8 @@
 """A bounded load test of `dspark serve` on loopback; stops by itself.
 
-For each mode (DSpark at a fixed draft length, DSpark with the cost-model draft length,
-plain decoding) it starts a server, then runs 64 greedy chat requests at 1, 4 and 16
-concurrent clients. The 1-client pass is the sequential reference; every output at 4 and
+For each mode (`--modes`: DSpark at a fixed draft length, DSpark with the cost-model draft
+length, the same with prompt lookup first, plain decoding) it starts a server, then runs 64
+greedy chat requests at 1, 4 and 16 concurrent clients. The 1-client pass is the sequential reference; every output at 4 and
 16 clients must equal it, and every mode's sequential outputs must equal plain decoding's. Reports errors, p50 /
 p95 latency and total tok/s per level, and writes JSON (with provenance) and markdown:
 
@@ -106,7 +106,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
     parser.add_argument("--k", type=int, default=7)
-    parser.add_argument("--modes", default="dspark,dspark-cost,plain", help="comma list of dspark, dspark-cost, plain")
+    parser.add_argument(
+        "--modes",
+        default="dspark,dspark-cost,plain",
+        help="comma list of dspark, dspark-cost, dspark-cost-lookup (--prompt-lookup 3 too), plain",
+    )
     parser.add_argument("--out", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.json"))
     parser.add_argument("--markdown", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.md"))
     args = parser.parse_args()
@@ -118,7 +122,12 @@ def main() -> None:
     half = args.requests // 2
     prompts = load_prompts("gsm8k", half) + load_prompts("humaneval", args.requests - half)
     rows, failures = [], 0
-    known = {"dspark": (args.k, []), "dspark-cost": (args.k, ["--cost-model", "auto"]), "plain": (0, [])}
+    known = {
+        "dspark": (args.k, []),
+        "dspark-cost": (args.k, ["--cost-model", "auto"]),
+        "dspark-cost-lookup": (args.k, ["--cost-model", "auto", "--prompt-lookup", "3"]),
+        "plain": (0, []),
+    }
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in known]:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {sorted(known)}")
