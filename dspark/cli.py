@@ -763,7 +763,7 @@ def bench_cmd(
     ] = DType.float32,
 ) -> None:
     """Speculative decoding benchmark in the model card's format; methods interleaved in one run."""
-    from dspark.bench.provenance import provenance, write_json
+    from dspark.bench.provenance import provenance, utc_now, write_json
     from dspark.bench.speculative import acceptance_plot, markdown_table, parse_methods, require_matplotlib, run_bench
     from dspark.defaults import resolve_target
     from dspark.target import TargetModel
@@ -775,6 +775,15 @@ def bench_cmd(
         names = [d for d in datasets.split(",") if d]
         ns = _parse_ids(n, "--n") or [7]
         target_dir = resolve_target(target)
+        meta = provenance(  # before the run: the code and tree that produce the rows
+            seed,
+            target=str(target_dir),
+            drafters={s.label: str(s.draft_dir) for s in specs if s.draft_dir},
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            rows=rows,
+            dtype=dtype.value,
+        )
         tgt = TargetModel.from_pretrained(target_dir, device=_device(device), dtype=_torch_dtype(dtype))
         result_rows = run_bench(
             tgt,
@@ -791,21 +800,7 @@ def bench_cmd(
     table = markdown_table(result_rows)
     typer.echo(table)
     if out:
-        write_json(
-            out,
-            {
-                "provenance": provenance(
-                    seed,
-                    target=str(target_dir),
-                    drafters={s.label: str(s.draft_dir) for s in specs if s.draft_dir},
-                    max_new_tokens=max_new_tokens,
-                    temperature=temperature,
-                    rows=rows,
-                    dtype=dtype.value,
-                ),
-                "rows": result_rows,
-            },
-        )
+        write_json(out, {"provenance": {**meta, "finished_utc": utc_now()}, "rows": result_rows})
     if markdown:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(table)
@@ -841,7 +836,7 @@ def calibrate(
 ) -> None:
     """Confidence-head calibration in real decoding: ECE, AUROC, Brier per position."""
     from dspark.bench.calibration import calibration_markdown, calibration_report, collect_records, reliability_plot
-    from dspark.bench.provenance import provenance, write_json
+    from dspark.bench.provenance import provenance, utc_now, write_json
     from dspark.bench.speculative import require_matplotlib
     from dspark.defaults import resolve_draft, resolve_target
     from dspark.target import TargetModel
@@ -851,6 +846,17 @@ def calibrate(
             require_matplotlib()
         draft_dir = resolve_draft(draft, "dspark")
         target_dir = resolve_target(target)
+        meta = provenance(  # before the run: the code and tree that produce the report
+            seed,
+            target=str(target_dir),
+            draft=str(draft_dir),
+            datasets=datasets,
+            rows=rows,
+            n=n,
+            bins=bins,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
         tgt = TargetModel.from_pretrained(target_dir, device=_device(device))
         per_prompt = collect_records(
             tgt,
@@ -868,18 +874,7 @@ def calibrate(
     table = calibration_markdown(report)
     typer.echo(table)
     if out:
-        meta = provenance(
-            seed,
-            target=str(target_dir),
-            draft=str(draft_dir),
-            datasets=datasets,
-            rows=rows,
-            n=n,
-            bins=bins,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-        )
-        write_json(out, {"provenance": meta, **report})
+        write_json(out, {"provenance": {**meta, "finished_utc": utc_now()}, **report})
     if markdown:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(table)

@@ -31,7 +31,14 @@ def main() -> None:
     from tqdm import tqdm
 
     from dspark.bench.datasets import load_prompts
-    from dspark.bench.provenance import provenance, write_json
+    from dspark.bench.provenance import provenance, utc_now, write_json
+
+    meta = provenance(  # before the run
+        0,
+        command="scripts/bench_deferred_head.py " + " ".join(sys.argv[1:]),
+        max_new_tokens=args.max_new_tokens,
+        rows=args.rows,
+    )
     from dspark.decoding.factory import make_drafter, make_engine
     from dspark.decoding.sampling import SamplingParams
     from dspark.defaults import default_draft_dir, resolve_target
@@ -114,12 +121,7 @@ def main() -> None:
     write_json(
         out,
         {
-            "provenance": provenance(
-                0,
-                command="scripts/bench_deferred_head.py " + " ".join(sys.argv[1:]),
-                max_new_tokens=args.max_new_tokens,
-                rows=args.rows,
-            ),
+            "provenance": {**meta, "finished_utc": utc_now()},
             "rows": rows,
         },
     )

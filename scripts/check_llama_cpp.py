@@ -250,12 +250,13 @@ def main() -> None:
     import torch
 
     from dspark.bench.datasets import load_prompts
-    from dspark.bench.provenance import provenance
+    from dspark.bench.provenance import provenance, utc_now
     from dspark.decoding.factory import make_drafter, make_engine
     from dspark.defaults import cache_root, resolve_target
     from dspark.target import TargetModel
 
     torch.set_num_threads(args.threads)
+    started = provenance(seed=0)  # before the run (after the thread count it records)
     cache = cache_root()
     target_dir = resolve_target(args.target)
     src, bin_dir = ensure_llama_cpp(cache)
@@ -347,7 +348,8 @@ def main() -> None:
         )
     result = {
         "provenance": {
-            **provenance(seed=0),
+            **started,
+            "finished_utc": utc_now(),
             "llama_cpp": "vendored in llama-cpp-python==0.3.36, CPU build",
             "target_gguf": target_gguf.name,
             "command": " ".join(sys.argv),

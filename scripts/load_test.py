@@ -2,9 +2,10 @@
 
 For each mode (`--modes`: DSpark at a fixed draft length, DSpark with the cost-model draft
 length, the same with prompt lookup first, plain decoding) it starts a server, then runs 64
-greedy chat requests at 1, 4 and 16 concurrent clients. The 1-client pass is the sequential reference; every output at 4 and
-16 clients must equal it, and every mode's sequential outputs must equal plain decoding's. Reports errors, p50 /
-p95 latency and total tok/s per level, and writes JSON (with provenance) and markdown:
+greedy chat requests at 1, 4 and 16 concurrent clients. The 1-client pass is the sequential
+reference; every output at 4 and 16 clients must equal it, and every mode's sequential
+outputs must equal plain decoding's. Reports errors, p50 / p95 latency and total tok/s per
+level, and writes JSON (with provenance) and markdown:
 
     .venv/bin/python scripts/load_test.py [--target DIR] [--draft DIR] [--requests 64] [--max-tokens 32]
 """
@@ -117,8 +118,9 @@ def main() -> None:
 
     sys.path.insert(0, str(REPO))
     from dspark.bench.datasets import load_prompts
-    from dspark.bench.provenance import provenance
+    from dspark.bench.provenance import provenance, utc_now
 
+    meta = {**provenance(seed=0), "command": " ".join(sys.argv)}  # before the run
     half = args.requests // 2
     prompts = load_prompts("gsm8k", half) + load_prompts("humaneval", args.requests - half)
     rows, failures = [], 0
@@ -174,7 +176,7 @@ def main() -> None:
             row["sequential_equal_to_plain"] = same
             failures += len(sequential["plain"]) - same if row["clients"] == args.levels[0] else 0
     result = {
-        "provenance": {**provenance(seed=0), "command": " ".join(sys.argv)},
+        "provenance": {**meta, "finished_utc": utc_now()},
         "settings": {
             "requests": args.requests,
             "max_tokens": args.max_tokens,

@@ -230,3 +230,25 @@ def test_methods_with_prompt_lookup_parse_and_run(tiny_target_dirs, tmp_path):
     assert made.exit_code == 0, made.output
     report = json.loads(made.stdout.strip().splitlines()[-1])
     assert report["method"] == "dspark+ngram" and report["lossless"] is True and "lookup_steps" in report
+
+
+def test_bench_takes_provenance_before_the_run(tiny_target_dirs, tmp_path, monkeypatch):
+    """A commit made while a long bench runs must not be credited with its rows."""
+    import dspark.bench.provenance as prov
+    import dspark.bench.speculative as spec
+
+    order = []
+    real_prov, real_run = prov.provenance, spec.run_bench
+    monkeypatch.setattr(prov, "provenance", lambda *a, **k: order.append("provenance") or real_prov(*a, **k))
+    monkeypatch.setattr(spec, "run_bench", lambda *a, **k: order.append("run") or real_run(*a, **k))
+    out = tmp_path / "bench.json"
+    target = str(tiny_target_dirs["llama"])
+    result = runner.invoke(
+        app,
+        ["bench", "--target", target, "--methods", "ngram", "--datasets", "gsm8k", "--rows", "1",
+         "--max-new-tokens", "4", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert order == ["provenance", "run"]
+    meta = json.loads(out.read_text())["provenance"]
+    assert meta["time_utc"] <= meta["finished_utc"]

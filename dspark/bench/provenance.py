@@ -10,7 +10,14 @@ import time
 from pathlib import Path
 
 
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def provenance(seed: int | None = None, **extra) -> dict:
+    """What produced a result: commit and cleanliness of the tree, versions, machine, seed.
+    Take it *before* the work it describes (a commit made during a long run must not be
+    credited with it); add ``finished_utc`` (`utc_now`) when writing the result."""
     import torch
     import transformers
 
@@ -38,7 +45,7 @@ def provenance(seed: int | None = None, **extra) -> dict:
     return {
         "commit": commit,
         "dirty": dirty,
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "time_utc": utc_now(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

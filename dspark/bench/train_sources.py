@@ -31,7 +31,7 @@ def run(
     mask_token_id: int | None,
     seed: int,
 ) -> dict:
-    from dspark.bench.provenance import provenance, write_json
+    from dspark.bench.provenance import provenance, utc_now, write_json
     from dspark.model.pairing import config_for_target, init_drafter
     from dspark.model.vocab import mapping_from_counts
     from dspark.target import TargetModel
@@ -41,6 +41,17 @@ def run(
 
     target = TargetModel.from_pretrained(target_dir)
     rows = load_examples(data, max_len=seq_len)[:examples]
+    vd = min(draft_vocab, target.vocab_size)
+    meta = provenance(  # before the runs: the code and tree that produce the figures
+        seed,
+        target=str(target_dir),
+        data=str(data),
+        examples=len(rows),
+        seq_len=seq_len,
+        max_anchors=max_anchors,
+        draft_vocab=vd,
+        drafter_layers=1,
+    )
     work = Path(tempfile.mkdtemp(prefix="dspark-bench-"))
     subset = work / "data.jsonl"
     import json
@@ -51,7 +62,6 @@ def run(
             for r in rows
         )
     )
-    vd = min(draft_vocab, target.vocab_size)
     vocab = mapping_from_counts(assistant_token_counts(rows, target.vocab_size), vd) if vd < target.vocab_size else None
     config = config_for_target(target, num_layers=1, mask_token_id=mask_token_id, draft_vocab_size=vd)
     cfg = TrainConfig(
@@ -86,16 +96,7 @@ def run(
         }
     shutil.rmtree(work, ignore_errors=True)
     report = {
-        "provenance": provenance(
-            seed,
-            target=str(target_dir),
-            data=str(data),
-            examples=len(rows),
-            seq_len=seq_len,
-            max_anchors=max_anchors,
-            draft_vocab=vd,
-            drafter_layers=1,
-        ),
+        "provenance": {**meta, "finished_utc": utc_now()},
         "offline_cache_build_seconds": cache_seconds,
         "sources": results,
         "notes": "online: target in a worker process feeding a bounded queue (its startup, loading the target "
