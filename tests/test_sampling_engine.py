@@ -39,13 +39,9 @@ def exact_joint(target, prompt, length):
     return joint
 
 
-def test_speculative_sampling_matches_target_joint(tiny_targets):
-    target = tiny_targets["qwen3"]
-    prompt = target.tokenizer("for i in")["input_ids"]
-    exact = exact_joint(target, prompt, 3)
-    engine = SpeculativeEngine(target, ModelDrafter(target, temperature_scale=1.6), num_speculative_tokens=2)
-    gen = torch.Generator().manual_seed(7)
-    n = 3000
+def sampled_tv(engine, prompt, exact, *, seed: int, n: int = 3000) -> tuple[float, int, int]:
+    """TV between n sampled 3-token outputs and the exact joint; drafts accepted and sent."""
+    gen = torch.Generator().manual_seed(seed)
     counts = dict.fromkeys(exact, 0)
     accepted = drafted = 0
     for _ in range(n):
@@ -53,7 +49,15 @@ def test_speculative_sampling_matches_target_joint(tiny_targets):
         counts[tuple(r.tokens)] += 1
         accepted += sum(r.position_accepts)
         drafted += r.drafted_tokens
-    tv = 0.5 * sum(abs(counts[key] / n - exact[key]) for key in exact)
+    return 0.5 * sum(abs(counts[key] / n - exact[key]) for key in exact), accepted, drafted
+
+
+def test_speculative_sampling_matches_target_joint(tiny_targets):
+    target = tiny_targets["qwen3"]
+    prompt = target.tokenizer("for i in")["input_ids"]
+    exact = exact_joint(target, prompt, 3)
+    engine = SpeculativeEngine(target, ModelDrafter(target, temperature_scale=1.6), num_speculative_tokens=2)
+    tv, accepted, drafted = sampled_tv(engine, prompt, exact, seed=7)
     assert tv < 0.06, f"TV {tv:.3f}"
     assert 0 < accepted < drafted  # some drafts accepted, some rejected
     assert len(list(itertools.islice(exact, 2))) == 2
@@ -66,21 +70,13 @@ def test_lookup_first_sampling_matches_target_joint(tiny_targets):
 
     target = tiny_targets["qwen3"]
     # Every token id occurs once before the question, so the 1-gram lookup always finds the
-    # anchor and drafts what followed it: arbitrary tokens, mostly rejected, sometimes accepted.
+    # anchor and drafts what followed it: arbitrary tokens, which the target rejects.
     prompt = list(range(target.vocab_size)) + target.tokenizer("for i in")["input_ids"]
     exact = exact_joint(target, prompt, 3)
     drafter = LookupFirstDrafter(ModelDrafter(target, temperature_scale=1.6), target.vocab_size, min_ngram=1)
     engine = SpeculativeEngine(target, drafter, num_speculative_tokens=2)
-    gen = torch.Generator().manual_seed(11)
     n = 3000
-    counts = dict.fromkeys(exact, 0)
-    accepted = drafted = 0
-    for _ in range(n):
-        r = engine.generate(prompt, max_new_tokens=3, params=PARAMS, generator=gen, stop_token_ids=set())
-        counts[tuple(r.tokens)] += 1
-        accepted += sum(r.position_accepts)
-        drafted += r.drafted_tokens
-    tv = 0.5 * sum(abs(counts[key] / n - exact[key]) for key in exact)
+    tv, accepted, drafted = sampled_tv(engine, prompt, exact, seed=11, n=n)
     assert tv < 0.06, f"TV {tv:.3f}"
     assert drafter.lookup_steps >= n and drafter.model_steps == 0
     assert drafted >= n and accepted < drafted  # the accept path of point masses: test_verify.py
