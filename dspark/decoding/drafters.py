@@ -55,7 +55,12 @@ def point_mass(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 class NgramDrafter:
-    """Prompt lookup: continue the most recent earlier match of the last n tokens."""
+    """Prompt lookup: continue the most recent earlier match of the last n tokens.
+
+    Tries n = ``max_ngram`` down to ``min_ngram`` (the anchor is the n-gram's last token) and
+    drafts what followed the most recent earlier occurrence. An index from every n-gram of
+    the verified text to its latest start keeps a lookup O(1) in the context length.
+    """
 
     needs_aux_hidden = False
 
@@ -66,30 +71,45 @@ class NgramDrafter:
         self.vocab_size = vocab_size
         self.max_ngram, self.min_ngram, self._max_draft = max_ngram, min_ngram, max_draft
         self.history: list[int] = []
+        self._latest: dict[int, dict[tuple[int, ...], int]] = {}
 
     @property
     def max_draft_tokens(self) -> int:
         return self._max_draft
 
     def begin(self, prompt_ids: torch.Tensor, prompt_aux: torch.Tensor | None) -> None:
-        self.history = [int(t) for t in prompt_ids.tolist()]
+        self.history = []
+        self._latest = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
+        self._extend(prompt_ids.tolist())
 
-    def _lookup(self, seq: list[int], k: int) -> list[int]:
-        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            tail = seq[-n:]
-            for start in range(len(seq) - n - 1, -1, -1):
-                if seq[start : start + n] == tail:
-                    return seq[start + n : start + n + k]
+    def _extend(self, tokens: list[int]) -> None:
+        history = self.history
+        for tok in tokens:
+            history.append(int(tok))
+            end = len(history)
+            for n, latest in self._latest.items():
+                if end >= n:
+                    latest[tuple(history[end - n : end])] = end - n
+
+    def _lookup(self, anchor: int, k: int) -> list[int]:
+        history = self.history
+        for n in range(min(self.max_ngram, len(history)), self.min_ngram - 1, -1):
+            start = self._latest[n].get((*history[len(history) - n + 1 :], anchor))
+            if start is not None:
+                found = history[start + n : start + n + k]
+                if len(found) < k:  # the match ends right before the anchor: it comes next
+                    found.append(anchor)
+                return found
         return []
 
     def propose(self, anchor: int, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
-        found = self._lookup([*self.history, int(anchor)], k) if k > 0 else []
+        found = self._lookup(int(anchor), k) if k > 0 else []
         tokens = torch.tensor(found, dtype=torch.long)
         probs = None if params.greedy else point_mass(tokens, self.vocab_size)
         return Proposal(tokens=tokens, probs=probs)
 
     def accept(self, token_ids: torch.Tensor, aux: torch.Tensor | None) -> None:
-        self.history.extend(int(t) for t in token_ids.tolist())
+        self._extend(token_ids.tolist())
 
 
 class LookupFirstDrafter:
