@@ -189,7 +189,7 @@ def test_methods_with_prompt_lookup_parse_and_run(tiny_target_dirs, tmp_path):
         ("dspark", "dspark", None, None, None),
     ]
     assert specs[2].draft_dir == draft and specs[3].draft_dir == draft
-    for bad in ("ngram+ngram", "dspark+ngram0", "dspark+ngramx"):
+    for bad in ("ngram+ngram", "dspark+ngram0", "dspark+ngramx", "dspark@cost+ngram"):
         with pytest.raises(DSparkError):
             parse_methods(bad, {"dspark": draft})
     out = tmp_path / "bench.json"

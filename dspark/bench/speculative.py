@@ -83,6 +83,8 @@ def _lookup_suffix(entry: str, name: str) -> tuple[str, int | None]:
 def _draft_rule(entry: str, rule: str) -> tuple[float | None, str | None]:
     """``@0.5`` -> confidence threshold 0.5; ``@cost`` -> measured cost model; ``@cost=FILE``."""
 
+    if "+ngram" in rule:
+        raise DSparkError(f"--methods {entry!r}: +ngram goes before the @ rule (e.g. dspark+ngram@cost)")
     if rule == "cost":
         return None, "auto"
     if rule.startswith("cost="):
