@@ -264,8 +264,8 @@ def generate_cmd(
         "drafted_tokens": result.drafted_tokens,
         "step_cost": step_cost.to_dict() if (step_cost := getattr(drafter, "step_cost", None)) else None,
     }
-    if prompt_lookup is not None:
-        report["lookup_steps"] = drafter.lookup_steps
+    if result.lookup_steps is not None:
+        report["lookup_steps"] = result.lookup_steps
     if check_lossless and not params.greedy:
         report["lossless_note"] = (
             "sampled output is lossless in distribution (rejection sampling); a token-by-token check "

@@ -34,6 +34,7 @@ def test_untrained_dspark_is_lossless(tiny_targets, plain_outputs, arch, sample_
     assert result.tokens == plain_outputs[arch]
     assert result.accept_len >= 1.0
     assert len(result.per_position_acceptance) == k
+    assert result.lookup_steps is None  # no prompt lookup here
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "deepseek_v3"])
@@ -169,5 +170,6 @@ def test_lookup_first_dspark_is_lossless_and_uses_both_drafters(tiny_targets, k)
     )
     assert result.tokens == plain
     assert drafter.lookup_steps > 0 and drafter.model_steps > 0
+    assert result.lookup_steps == drafter.lookup_steps  # one generation: the result's own count
     assert drafter.lookup_steps + drafter.model_steps <= result.target_forwards
     assert drafter.timings["lookup"] > 0 and drafter.timings["backbone"] > 0

@@ -5,6 +5,7 @@ that disconnects mid-stream, metrics, and graceful shutdown."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import socket
@@ -363,3 +364,20 @@ def test_prompt_lookup_needs_a_drafter(chat_target):
 
     with pytest.raises(DSparkError, match="--prompt-lookup drafts for a drafter"):
         build_app(ServeOptions(target=chat_target, draft=None, num_speculative_tokens=0, prompt_lookup=3))
+
+
+def test_served_prompt_lookup_reports_its_steps(chat_target, draft):
+    """--prompt-lookup: output equal to plain decoding's; spec_decode and /metrics count lookup steps."""
+    proc, base = start_server(chat_target, draft, "--num-speculative-tokens", "3", "--prompt-lookup", "1")
+    try:
+        body = {"model": "target", "prompt": "a b a b a b a b", "max_tokens": 24, "temperature": 0}
+        r = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
+        plain = generate(chat_target, draft, "a b a b a b a b", 24, chat=False)
+        assert r["choices"][0]["text"] == plain
+        steps = r["spec_decode"]["lookup_steps"]
+        assert 0 < steps <= r["spec_decode"]["target_forwards"]
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        assert re.search(rf"^dspark:spec_decode_lookup_steps_total(\{{[^}}]*\}})? {float(steps)}$", metrics, re.M)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)

@@ -49,6 +49,7 @@ class Cell:
         self.accepts = [a + b for a, b in zip(self.accepts, result.position_accepts, strict=True)]
         for stage, seconds in result.timings.items():
             self.timings[stage] = self.timings.get(stage, 0.0) + seconds
+        self.lookup_steps += result.lookup_steps or 0
         if baseline_tokens is not None and result.tokens != baseline_tokens:
             self.mismatches += 1
 
@@ -189,9 +190,7 @@ def run_bench(
             for key, engine in engines.items():
                 drafter = engine.drafter
                 before = dict(getattr(drafter, "timings", {}))
-                lookups = getattr(drafter, "lookup_steps", 0)
                 cells[key].add(gen(engine), base.tokens if params.greedy else None)
-                cells[key].lookup_steps += getattr(drafter, "lookup_steps", 0) - lookups
                 for stage, total in getattr(drafter, "timings", {}).items():
                     name_ = f"draft_{stage}"
                     cells[key].timings[name_] = cells[key].timings.get(name_, 0.0) + total - before.get(stage, 0.0)

@@ -37,6 +37,8 @@ class GenerationResult:
     # (slot k, confidence c_k, accepted) for every slot verification reached (earlier slots
     # accepted), when the drafter has a confidence head: the data of its calibration.
     confidence_records: list[tuple[int, float, bool]] = field(default_factory=list)
+    # Steps drafted by prompt lookup (a LookupFirstDrafter); None for other drafters.
+    lookup_steps: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,6 +111,7 @@ class SpeculativeEngine:
         generated = [self._pick(step.rows(-1)[0], params, generator)]
         if drafter is not None:
             drafter.begin(prompt, step.aux_hidden)
+        lookups_before = getattr(drafter, "lookup_steps", None)
         _sync(device)
         t1 = time.perf_counter()
         halted = on_tokens is not None and bool(on_tokens(list(generated)))
@@ -188,4 +191,5 @@ class SpeculativeEngine:
             position_attempts=attempts,
             position_accepts=accepts,
             confidence_records=records,
+            lookup_steps=None if lookups_before is None else drafter.lookup_steps - lookups_before,
         )

@@ -55,7 +55,7 @@ def _validation_message(exc) -> str:
 
 def spec_decode_summary(result, k: int) -> dict[str, Any]:
     accepted = sum(result.position_accepts)
-    return {
+    summary = {
         "num_speculative_tokens": k,
         "accept_len": result.accept_len,
         "target_forwards": result.target_forwards,
@@ -64,6 +64,9 @@ def spec_decode_summary(result, k: int) -> dict[str, Any]:
         "per_position_acceptance": result.per_position_acceptance,
         "decode_tokens_per_second": result.tokens_per_second,
     }
+    if result.lookup_steps is not None:  # served with --prompt-lookup
+        summary["lookup_steps"] = result.lookup_steps
+    return summary
 
 
 def create_app(worker: Worker, tokenizer, metrics: Metrics, config: ServerConfig, *, shutdown_grace: float = 10.0):

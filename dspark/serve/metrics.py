@@ -8,7 +8,8 @@ and ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="k"}``. Also
 ``vllm:request_success_total{finished_reason=...}``, ``vllm:num_requests_running`` /
 ``_waiting`` and the ``vllm:e2e_request_latency_seconds`` and
 ``vllm:request_queue_time_seconds`` histograms. Ours: ``dspark:requests_rejected_total``
-(429s), ``dspark:request_errors_total``.
+(429s), ``dspark:request_errors_total``, and with ``--prompt-lookup``
+``dspark:spec_decode_lookup_steps_total`` (verification steps the lookup drafted).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _HELP = {
     "vllm:request_success": "Finished requests by finish reason.",
     "dspark:requests_rejected": "Requests refused with 429 because the queue was full.",
     "dspark:request_errors": "Requests that failed inside the engine.",
+    "dspark:spec_decode_lookup_steps": "Verification steps drafted by prompt lookup (--prompt-lookup).",
 }
 
 
@@ -67,6 +69,8 @@ class Metrics:
             self.inc("vllm:spec_decode_num_accepted_tokens", accepted)
             for pos, n in enumerate(result.position_accepts):
                 self.inc("vllm:spec_decode_num_accepted_tokens_per_pos", n, position=str(pos))
+        if result.lookup_steps is not None:
+            self.inc("dspark:spec_decode_lookup_steps", result.lookup_steps)
         self.inc("vllm:request_success", 1, finished_reason=finish)
         self.observe("vllm:e2e_request_latency_seconds", run_seconds + queue_seconds)
         self.observe("vllm:request_queue_time_seconds", queue_seconds)
