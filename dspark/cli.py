@@ -741,7 +741,8 @@ def bench_cmd(
         typer.Option(
             help="Comma list of baseline, ngram, dspark, dflash, eagle3, or LABEL=PATH (any drafter "
             "checkpoint). A DSpark entry may end in @T (truncate blocks at confidence survival T), "
-            "@cost (draft length from this machine's measured step cost) or @cost=FILE."
+            "@cost (draft length from this machine's measured step cost) or @cost=FILE. A drafter name "
+            "or path followed by +ngram (before any @) drafts by prompt lookup first (dspark+ngram@cost)."
         ),
     ] = "baseline,ngram,dspark",
     draft_dflash: Annotated[
