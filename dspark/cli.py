@@ -669,6 +669,8 @@ def serve_cmd(
                 max_model_len=max_model_len,
             )
             typer.echo(info["command"])
+            if prompt_lookup is not None:
+                typer.echo("note: --prompt-lookup is dspark serve's own; vLLM serves the drafter alone", err=True)
             return
         from dspark.serve.server import ServeOptions, serve
 

@@ -304,6 +304,23 @@ def test_vllm_handoff(chat_target, draft, tmp_path):
         app, ["vllm-config", str(out), "--target", str(chat_target), "--num-speculative-tokens", "9"]
     )
     assert too_many.exit_code == 2 and "drafts per block" in too_many.output
+    printed = runner.invoke(
+        app,
+        [
+            "serve",
+            "--target",
+            str(chat_target),
+            "--draft",
+            str(out),
+            "--print-vllm",
+            "--prompt-lookup",
+            "3",
+            "--num-speculative-tokens",
+            "4",
+        ],
+    )
+    assert printed.exit_code == 0, printed.output
+    assert printed.stdout.startswith("vllm serve ") and "note: --prompt-lookup is dspark serve's own" in printed.output
 
 
 def test_vllm_handoff_for_an_eagle3_drafter(chat_target, tmp_path):
