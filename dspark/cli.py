@@ -766,7 +766,7 @@ def bench_cmd(
     ] = DType.float32,
 ) -> None:
     """Speculative decoding benchmark in the model card's format; methods interleaved in one run."""
-    from dspark.bench.provenance import provenance, utc_now, write_json
+    from dspark.bench.provenance import finished, provenance, write_json
     from dspark.bench.speculative import acceptance_plot, markdown_table, parse_methods, require_matplotlib, run_bench
     from dspark.defaults import resolve_target
     from dspark.target import TargetModel
@@ -803,7 +803,7 @@ def bench_cmd(
     table = markdown_table(result_rows)
     typer.echo(table)
     if out:
-        write_json(out, {"provenance": {**meta, "finished_utc": utc_now()}, "rows": result_rows})
+        write_json(out, {"provenance": finished(meta), "rows": result_rows})
     if markdown:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(table)
@@ -839,7 +839,7 @@ def calibrate(
 ) -> None:
     """Confidence-head calibration in real decoding: ECE, AUROC, Brier per position."""
     from dspark.bench.calibration import calibration_markdown, calibration_report, collect_records, reliability_plot
-    from dspark.bench.provenance import provenance, utc_now, write_json
+    from dspark.bench.provenance import finished, provenance, write_json
     from dspark.bench.speculative import require_matplotlib
     from dspark.defaults import resolve_draft, resolve_target
     from dspark.target import TargetModel
@@ -877,7 +877,7 @@ def calibrate(
     table = calibration_markdown(report)
     typer.echo(table)
     if out:
-        write_json(out, {"provenance": {**meta, "finished_utc": utc_now()}, **report})
+        write_json(out, {"provenance": finished(meta), **report})
     if markdown:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(table)

@@ -31,7 +31,7 @@ def main() -> None:
     from tqdm import tqdm
 
     from dspark.bench.datasets import load_prompts
-    from dspark.bench.provenance import provenance, utc_now, write_json
+    from dspark.bench.provenance import finished, provenance, write_json
 
     meta = provenance(  # before the run
         0,
@@ -121,7 +121,7 @@ def main() -> None:
     write_json(
         out,
         {
-            "provenance": {**meta, "finished_utc": utc_now()},
+            "provenance": finished(meta),
             "rows": rows,
         },
     )

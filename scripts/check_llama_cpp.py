@@ -250,7 +250,7 @@ def main() -> None:
     import torch
 
     from dspark.bench.datasets import load_prompts
-    from dspark.bench.provenance import provenance, utc_now
+    from dspark.bench.provenance import finished, provenance
     from dspark.decoding.factory import make_drafter, make_engine
     from dspark.defaults import cache_root, resolve_target
     from dspark.target import TargetModel
@@ -348,8 +348,7 @@ def main() -> None:
         )
     result = {
         "provenance": {
-            **started,
-            "finished_utc": utc_now(),
+            **finished(started),
             "llama_cpp": "vendored in llama-cpp-python==0.3.36, CPU build",
             "target_gguf": target_gguf.name,
             "command": " ".join(sys.argv),

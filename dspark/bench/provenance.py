@@ -17,7 +17,7 @@ def utc_now() -> str:
 def provenance(seed: int | None = None, **extra) -> dict:
     """What produced a result: commit and cleanliness of the tree, versions, machine, seed.
     Take it *before* the work it describes (a commit made during a long run must not be
-    credited with it); add ``finished_utc`` (`utc_now`) when writing the result."""
+    credited with it); `finished` adds the end time when the result is written."""
     import torch
     import transformers
 
@@ -57,6 +57,11 @@ def provenance(seed: int | None = None, **extra) -> dict:
         "seed": seed,
         **extra,
     }
+
+
+def finished(meta: dict) -> dict:
+    """Provenance taken before a run, with the time it ended."""
+    return {**meta, "finished_utc": utc_now()}
 
 
 def write_json(path: str | Path, data: dict) -> None:

@@ -31,7 +31,7 @@ def run(
     mask_token_id: int | None,
     seed: int,
 ) -> dict:
-    from dspark.bench.provenance import provenance, utc_now, write_json
+    from dspark.bench.provenance import finished, provenance, write_json
     from dspark.model.pairing import config_for_target, init_drafter
     from dspark.model.vocab import mapping_from_counts
     from dspark.target import TargetModel
@@ -96,7 +96,7 @@ def run(
         }
     shutil.rmtree(work, ignore_errors=True)
     report = {
-        "provenance": {**meta, "finished_utc": utc_now()},
+        "provenance": finished(meta),
         "offline_cache_build_seconds": cache_seconds,
         "sources": results,
         "notes": "online: target in a worker process feeding a bounded queue (its startup, loading the target "

@@ -115,20 +115,17 @@ class NgramDrafter:
 class LookupFirstDrafter:
     """Prompt lookup first, the model drafter otherwise: when the last ``min_ngram`` tokens
     (anchor included) occurred earlier in the prompt or output, the step drafts their most
-    recent continuation (`NgramDrafter`, longest match up to ``max_ngram``); otherwise the
+    recent continuation (`NgramDrafter`, longest match first, up to max(3, min_ngram) tokens); otherwise the
     wrapped model drafter drafts, with its own draft-length rule. The model drafter sees every
     verified token either way, so its context stays complete. Lossless like any drafter: the
     lookup's tokens are verified like the model's (point masses under sampling)."""
 
-    def __init__(self, model_drafter, vocab_size: int, *, min_ngram: int = 3, max_ngram: int | None = None) -> None:
+    def __init__(self, model_drafter, vocab_size: int, *, min_ngram: int = 3) -> None:
         if min_ngram < 1:
             raise ValueError(f"prompt lookup needs an n-gram length >= 1, got {min_ngram}")
         self.model_drafter = model_drafter
         self.lookup = NgramDrafter(
-            vocab_size,
-            min_ngram=min_ngram,
-            max_ngram=max(min_ngram, max_ngram or 3),
-            max_draft=model_drafter.max_draft_tokens,
+            vocab_size, min_ngram=min_ngram, max_ngram=max(min_ngram, 3), max_draft=model_drafter.max_draft_tokens
         )
         self.name = f"{model_drafter.name}+ngram"
         self.needs_aux_hidden = model_drafter.needs_aux_hidden
