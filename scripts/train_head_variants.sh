@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Markov head type ablation (issue 4): the shipped DSpark drafter continued on the stage-2 data with a
 # gated and with an rnn Markov head, at the vanilla stage-2 run's budget (4000 steps, lr 5e-4 warm
-# restart), both side by side (one thread each, ~28 min on 2 cores), then teacher-forced acceptance
+# restart), both side by side (one thread each, ~18 min on 2 cores), then teacher-forced acceptance
 # on the stage-2 held-out rows for vanilla (recipes/stage2/smollm2-135m-dspark.yaml's run), gated
 # and rnn. Needs the stage-2 data and feature cache and the vanilla stage-2 run:
 # `ROWS=1984 bash scripts/train_stage2.sh` first. Every stage resumes.
