@@ -30,8 +30,8 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from tqdm import tqdm
 
-    from dspark.bench.datasets import load_prompts
     from dspark.bench.provenance import finished, provenance, write_json
+    from dspark.datasets import load_prompts
 
     meta = provenance(  # before the run
         0,

@@ -249,8 +249,8 @@ def main() -> None:
 
     import torch
 
-    from dspark.bench.datasets import load_prompts
     from dspark.bench.provenance import finished, provenance
+    from dspark.datasets import load_prompts
     from dspark.decoding.factory import make_drafter, make_engine
     from dspark.defaults import cache_root, resolve_target
     from dspark.target import TargetModel

@@ -133,8 +133,8 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     import torch
 
-    from dspark.bench.datasets import load_prompts
     from dspark.bench.provenance import finished, provenance
+    from dspark.datasets import load_prompts
     from dspark.decoding.factory import make_drafter, make_engine
     from dspark.defaults import cache_root, resolve_target
     from dspark.serve.vllm import vllm_handoff

@@ -117,8 +117,8 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
-    from dspark.bench.datasets import load_prompts
     from dspark.bench.provenance import finished, provenance
+    from dspark.datasets import load_prompts
 
     meta = {**provenance(seed=0), "command": " ".join(sys.argv)}  # before the run
     half = args.requests // 2

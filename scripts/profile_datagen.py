@@ -7,13 +7,12 @@ Generates exactly 64 new tokens for each of the first BATCH gsm8k_train question
 tokens per second. The figures in docs/training.md ("Data") come from these two commands.
 """
 
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
+from dspark.datasets import training_prompts
 from dspark.defaults import default_target_dir
 from dspark.target.adapter import TargetModel
 from dspark.training.datagen import encode_prompt
@@ -21,8 +20,7 @@ from dspark.training.datagen import encode_prompt
 sizes, dtype = [int(x) for x in sys.argv[1].split(",")], getattr(torch, sys.argv[2])
 target = TargetModel.from_pretrained(str(default_target_dir()), dtype=dtype)
 tok = target.tokenizer
-data = Path(__file__).resolve().parents[1] / "../shared/data/gsm8k_train.jsonl"
-questions = [json.loads(line)["question"] for line in data.open()][: max(sizes)]
+questions = training_prompts("gsm8k_train", max(sizes))
 pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 for bs in sizes:
     enc = [encode_prompt(tok, q) for q in questions[:bs]]

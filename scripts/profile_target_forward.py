@@ -44,7 +44,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from torch.profiler import ProfilerActivity, profile
 
-    from dspark.bench.datasets import load_prompts
+    from dspark.datasets import load_prompts
     from dspark.decoding.factory import make_engine
     from dspark.decoding.sampling import SamplingParams
     from dspark.defaults import resolve_target

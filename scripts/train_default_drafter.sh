@@ -29,10 +29,11 @@ if [ ! -f .cache/smollm2/prompts.jsonl ]; then
   # Round-robin over the sources, so a datagen stopped part-way still holds every kind.
   .venv/bin/python -W ignore - "$N_GSM" "$N_CHAT" "$SHAREGPT" <<'PY'
 import json, random, sys
+from dspark.datasets import training_prompts
 from dspark.training.prompt_sources import sharegpt_prompts, stdlib_code_prompts, stdlib_completion_prompts
 n_gsm, n_chat, sharegpt = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 random.seed(0)
-gsm = [json.loads(l)["question"] for l in open("../shared/data/gsm8k_train.jsonl")]
+gsm = training_prompts("gsm8k_train")
 sources = [gsm, stdlib_code_prompts(), stdlib_completion_prompts(), sharegpt_prompts(sharegpt, limit=5000)]
 for s in sources:
     random.shuffle(s)

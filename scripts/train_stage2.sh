@@ -33,10 +33,11 @@ fi
 if [ ! -f "$C/prompts.jsonl" ]; then
   .venv/bin/python -W ignore - "$SHAREGPT" "$C/prompts.jsonl" <<'PY'
 import json, random, sys
+from dspark.datasets import training_prompts
 from dspark.training.prompt_sources import sharegpt_prompts, stdlib_code_prompts, stdlib_completion_prompts
 sharegpt, out_path = sys.argv[1], sys.argv[2]
 random.seed(0)  # the shuffles of scripts/train_default_drafter.sh, so stage 1's prompts can be skipped
-gsm = [json.loads(l)["question"] for l in open("../shared/data/gsm8k_train.jsonl")]
+gsm = training_prompts("gsm8k_train")
 sources = [gsm, stdlib_code_prompts(), stdlib_completion_prompts(), sharegpt_prompts(sharegpt, limit=5000)]
 for s in sources:
     random.shuffle(s)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dspark.bench.datasets import load_prompts
+from dspark.datasets import load_prompts
 from dspark.decoding.factory import make_drafter, make_engine
 from dspark.decoding.sampling import SamplingParams
 from dspark.errors import DSparkError
