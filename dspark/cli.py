@@ -18,6 +18,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: option names print whole at any width (rich cuts them)
 )
 
 
@@ -103,7 +104,11 @@ def init_cmd(
         typer.Option(help="Comma-separated target layer ids (id i = HF hidden_states[i]); default spread over depth."),
     ] = None,
     mask_token_id: Annotated[
-        int | None, typer.Option(help="Mask token id; default: the tokenizer's mask token.")
+        int | None,
+        typer.Option(
+            help="Mask token id; default: the tokenizer's mask token, else the first embedding row past the "
+            "tokenizer, else its highest unused special token (init prints which)."
+        ),
     ] = None,
     markov_rank: Annotated[int, typer.Option(help="Rank of the Markov logit-bias head (0 disables it).")] = 256,
     markov_head_type: Annotated[str, typer.Option(help="vanilla, gated or rnn.")] = "vanilla",
@@ -117,7 +122,7 @@ def init_cmd(
     """Write an untrained drafter matched to a target (sizes, vocab and mask token read from it)."""
     try:
         from dspark.model.checkpoint import save_drafter
-        from dspark.model.pairing import config_for_target, init_drafter
+        from dspark.model.pairing import config_for_target, default_mask_token, init_drafter
         from dspark.target import TargetModel
 
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -127,6 +132,7 @@ def init_cmd(
         if method == "dflash":
             markov_rank, confidence_head = 0, False
         tgt = TargetModel.from_pretrained(target)
+        mask_reason = default_mask_token(tgt)[1] if mask_token_id is None else ""
         config = config_for_target(
             tgt,
             num_layers=layers,
@@ -156,6 +162,8 @@ def init_cmd(
         f"aux layers {list(config.aux_hidden_state_layer_ids)}, "
         f"{n_params / 1e6:.2f} M parameters"
     )
+    if mask_token_id is None:
+        typer.echo(f"mask token: id {config.mask_token_id}, {mask_reason}")
 
 
 # Draft-length rules, shared by generate and serve (docs/benchmarking.md).

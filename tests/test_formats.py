@@ -348,3 +348,62 @@ def test_damaged_inputs_give_clear_errors(qwen3, tiny_target_dirs, tmp_path):
     config["num_hidden_layers"] += 2
     (other / "config.json").write_text(json.dumps(config))
     assert "layer" in _inspect(tmp_path / "ok", "--target", str(other))
+
+
+def _strings(value):
+    """Every string inside a JSON value (keys and values)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _machine_paths(strings, *roots):
+    """Absolute paths (POSIX or Windows) or any of ``roots`` inside the strings."""
+    import re
+
+    windows = re.compile(r"^[A-Za-z]:[\\/]")
+    return [s for s in strings if s.startswith("/") or windows.match(s) or any(str(r) in s for r in roots)]
+
+
+def test_no_machine_paths_in_shipped_or_exported_drafters(tiny_target_dirs, tmp_path):
+    from pathlib import Path
+
+    import gguf
+
+    from dspark.defaults import DEFAULT_TARGET_PUBLIC_NAME
+
+    repo = Path(__file__).resolve().parents[1]
+    shipped = sorted((repo / "models").rglob("*.json"))
+    assert shipped
+    for path in shipped:
+        assert _machine_paths(_strings(json.loads(path.read_text())), Path.home()) == [], path
+    for config in (repo / "models").glob("*/config.json"):
+        verifier = json.loads(config.read_text())["speculators_config"]["verifier"]["name_or_path"]
+        assert verifier == DEFAULT_TARGET_PUBLIC_NAME, config
+
+    # Fresh exports of a drafter made in a temporary folder for a target in another one.
+    target, draft = tiny_target_dirs["qwen3"], tmp_path / "draft"
+    assert runner.invoke(app, ["init", "--target", str(target), "--out", str(draft)]).exit_code == 0
+    spec, gguf_path = tmp_path / "spec", tmp_path / "d.gguf"
+    for args in (["--format", "speculators", "--out", str(spec)], ["--format", "gguf", "--out", str(gguf_path)]):
+        result = runner.invoke(app, ["export", str(draft), "--target", str(target), *args])
+        assert result.exit_code == 0, result.output
+    for path in (draft / "config.json", spec / "config.json"):
+        data = json.loads(path.read_text())
+        assert data["speculators_config"]["verifier"]["name_or_path"] == target.name  # the folder name
+        assert _machine_paths(_strings(data), tmp_path, target.parent) == [], path
+    reader = gguf.GGUFReader(str(gguf_path))
+    texts = []
+    for name, field in reader.fields.items():
+        if name.startswith("tokenizer.ggml."):
+            continue  # the vocabulary itself
+        value = field.contents()
+        texts += list(_strings(value))
+    assert any("speculators_config" in t for t in texts)  # the carried config is among them
+    assert _machine_paths(texts, tmp_path, target.parent) == []

@@ -300,6 +300,7 @@ def test_vllm_handoff(chat_target, draft, tmp_path):
     info = json.loads(result.output)
     assert info["speculative_config"] == {"model": str(out.resolve()), "num_speculative_tokens": 4, "method": "dspark"}
     assert info["command"].startswith("vllm serve ")
+    assert info["checks"][-1].startswith(f"fits target {chat_target} (hidden 64")
     too_many = runner.invoke(
         app, ["vllm-config", str(out), "--target", str(chat_target), "--num-speculative-tokens", "9"]
     )
@@ -381,6 +382,39 @@ def test_prompt_lookup_needs_a_drafter(chat_target):
 
     with pytest.raises(DSparkError, match="--prompt-lookup drafts for a drafter"):
         build_app(ServeOptions(target=chat_target, draft=None, num_speculative_tokens=0, prompt_lookup=3))
+
+
+def test_serve_checks_the_drafter_before_loading_the_target(chat_target, draft, wider_target_dir, tmp_path):
+    """Cheap checks first: a missing drafter or a pair that does not fit is named while the
+    target's weights are still unread (here they are corrupt, so reading them would fail)."""
+    from dspark.errors import DSparkError
+    from dspark.serve.server import ServeOptions, build_app
+
+    corrupt = tmp_path / "corrupt-target"
+    shutil.copytree(chat_target, corrupt)
+    (corrupt / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(DSparkError, match="no-such: no such drafter file or directory"):
+        build_app(ServeOptions(target=corrupt, draft=tmp_path / "no-such"))
+    wider = tmp_path / "wider-target"
+    shutil.copytree(wider_target_dir, wider)
+    (wider / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(DSparkError, match=f"drafter does not fit target {wider}: hidden size"):
+        build_app(ServeOptions(target=wider, draft=draft))
+    with pytest.raises(DSparkError, match="no such target directory"):
+        build_app(ServeOptions(target=tmp_path / "nowhere", draft=draft))
+
+
+def test_vllm_handoff_checks_the_pair(draft, wider_target_dir, tmp_path):
+    out = tmp_path / "spec"
+    assert runner.invoke(app, ["export", str(draft), "--format", "speculators", "--out", str(out)]).exit_code == 0
+    result = runner.invoke(app, ["vllm-config", str(out), "--target", str(wider_target_dir)])
+    assert result.exit_code == 2
+    assert f"drafter does not fit target {wider_target_dir}: hidden size" in result.output
+    hub_args = ["vllm-config", str(out), "--target", "Org/Some-Model", "--json", "--num-speculative-tokens", "4"]
+    hub = runner.invoke(app, hub_args)
+    assert hub.exit_code == 0, hub.output
+    note = json.loads(hub.output)["checks"][-1]
+    assert note.startswith("fit not checked: Org/Some-Model is not a local Hugging Face directory")
 
 
 def test_served_prompt_lookup_reports_its_steps(chat_target, draft):

@@ -75,12 +75,15 @@ def tiny_config(arch: str, vocab_size: int):
     raise ValueError(arch)
 
 
-def build_tiny_target(directory: Path, arch: str = "qwen3", seed: int = 0) -> Path:
-    """Write a tiny random causal LM + tokenizer as a normal HF directory."""
+def build_tiny_target(directory: Path, arch: str = "qwen3", seed: int = 0, hidden_size: int | None = None) -> Path:
+    """Write a tiny random causal LM + tokenizer as a normal HF directory (``hidden_size``: a
+    wider one with the same tokenizer, which no drafter of the 64-wide targets fits)."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = build_tokenizer()
     config = tiny_config(arch, vocab_size=len(tokenizer))
+    if hidden_size is not None:
+        config.hidden_size, config.intermediate_size = hidden_size, 2 * hidden_size
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     directory.mkdir(parents=True, exist_ok=True)

@@ -249,7 +249,16 @@ def markdown_table(rows: list[dict]) -> str:
         lines.append(
             f"| {dataset} | {base['prompts']} | {base['tokens_per_second']:.1f} | " + " | ".join(cells) + f" | {best} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *TABLE_LEGEND]) + "\n"
+
+
+TABLE_LEGEND = (
+    "Each cell is `tok/s / speedup / accept_len`. tok/s: decoded tokens per second over all the row's prompts "
+    "(prefill excluded); speedup: that tok/s over the baseline's (plain decoding) in the same run; "
+    "accept_len: tokens emitted per target verification forward, bonus token included (plain decoding = 1).",
+    "n: drafts verified per step (with `@cost` or `@T`, the most a step may verify); best: the fastest method "
+    "of the row; (NOT lossless): a greedy output differed from plain decoding.",
+)
 
 
 def require_matplotlib():

@@ -9,8 +9,9 @@ import torch
 from dspark.decoding.draft_length import StepCost, measure_step_cost
 from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, LookupFirstDrafter, NgramDrafter
 from dspark.decoding.engine import SpeculativeEngine
-from dspark.errors import DSparkError
+from dspark.errors import CheckpointError, ConfigError, DSparkError
 from dspark.model.checkpoint import load_drafter
+from dspark.model.config import DSparkConfig
 from dspark.model.pairing import check_fits
 from dspark.target.adapter import TargetModel
 
@@ -23,6 +24,8 @@ def checkpoint_method(path: str | Path) -> str:
     import json
 
     path = Path(path)
+    if not path.exists():
+        raise DSparkError(f"{path}: no such drafter file or directory")
     if path.suffix == ".gguf":
         return "dspark"
     config = path / "config.json"
@@ -35,6 +38,26 @@ def checkpoint_method(path: str | Path) -> str:
     if kind not in DRAFTER_METHODS:
         raise DSparkError(f"{config}: speculators_model_type {kind!r} is not one of {', '.join(DRAFTER_METHODS)}")
     return kind
+
+
+def precheck_pair(target: str | Path, draft: str | Path) -> str:
+    """Before anything heavy loads: the drafter path exists and names its method, the target
+    path exists, and (from the two config.json files alone) the drafter fits the target.
+    Returns the drafter's method. A .gguf side or a target that is no local directory (a hub
+    id) is checked in full when it loads."""
+    from dspark.target.frozen import read_target_shape
+
+    method = checkpoint_method(draft)
+    target = Path(target)
+    if target.suffix == ".gguf" and not target.is_file():
+        raise DSparkError(f"{target}: no such target file")
+    shape = read_target_shape(target)
+    if shape is not None and Path(draft).suffix != ".gguf":
+        try:
+            check_fits(DSparkConfig.load(draft, num_target_layers=shape.num_layers), shape)
+        except ConfigError as exc:
+            raise CheckpointError(str(exc)) from None
+    return method
 
 
 def load_drafter_for(target: TargetModel, draft: str | Path, *, dtype: torch.dtype | None = None):
@@ -51,6 +74,10 @@ def load_drafter_for(target: TargetModel, draft: str | Path, *, dtype: torch.dty
             target_lm_head=target.lm_head_weight(),
         ).to(device=target.device, dtype=dtype or target.dtype)
     else:
+        try:  # the sizes first, from the config alone: a mismatch names the fields, not a tensor
+            check_fits(DSparkConfig.load(draft, num_target_layers=target.num_layers), target)
+        except ConfigError as exc:
+            raise CheckpointError(str(exc)) from None
         model = load_drafter(
             draft,
             device=target.device,

@@ -11,8 +11,10 @@ from typing import Any
 
 import torch
 
+from dspark.defaults import public_target_name
 from dspark.errors import CheckpointError, DSparkError
 from dspark.model.dspark import DSparkDraftModel
+from dspark.model.pairing import check_fits
 from dspark.target.frozen import TargetFacts, read_target_facts
 
 FORMATS = ("speculators", "gguf")
@@ -42,6 +44,8 @@ def open_drafter(
     n_layers = facts.num_layers if facts else None
     embed = facts.embedding if facts else None
     head = facts.lm_head if facts else None
+    if facts is not None and kind in ("speculators", "ours"):
+        check_fits(DSparkConfig.load(src, num_target_layers=n_layers), facts)  # before the weights are read
     if facts is None and kind in ("speculators", "ours"):
         # Placeholders from the config's own shapes, so a speculators file without frozen copies validates.
         try:
@@ -59,25 +63,8 @@ def open_drafter(
             raise CheckpointError(f"--from {kind}: pass the target (--target DIR) for its embedding and lm_head")
         model = import_drafter(src, kind, num_target_layers=n_layers, target_embedding=embed, target_lm_head=head)
     if facts is not None:
-        check_against_target(model, facts)
+        check_fits(model.config, facts)
     return model, facts
-
-
-def check_against_target(model: DSparkDraftModel, facts: TargetFacts) -> None:
-    cfg = model.config
-    where = f"target {facts.directory}"
-    if cfg.target_vocab_size != facts.vocab_size:
-        raise CheckpointError(f"drafter target_vocab_size {cfg.target_vocab_size} != {where} vocab {facts.vocab_size}")
-    if cfg.target_hidden_size != facts.hidden_size:
-        raise CheckpointError(
-            f"drafter target_hidden_size {cfg.target_hidden_size} != {where} hidden size {facts.hidden_size}"
-        )
-    if cfg.num_target_layers != facts.num_layers:
-        raise CheckpointError(
-            f"drafter made for a {cfg.num_target_layers}-layer target; {where} has {facts.num_layers} layers"
-        )
-    if not 0 <= cfg.mask_token_id < facts.vocab_size:
-        raise CheckpointError(f"mask_token_id {cfg.mask_token_id} is outside the {where} vocab")
 
 
 def fill_from_target(model: DSparkDraftModel, facts: TargetFacts | None) -> None:
@@ -86,8 +73,9 @@ def fill_from_target(model: DSparkDraftModel, facts: TargetFacts | None) -> None
         return
     with torch.no_grad():
         model.embed_tokens.weight.copy_(facts.embedding.to(model.embed_tokens.weight.dtype))
-    # The verifier recorded in the export is the target it was checked against.
-    extra = {**model.config.extra, "target": str(facts.directory)}
+    # The verifier recorded in the export is the target it was checked against, by its public
+    # name (a hub id or folder name, never this machine's path).
+    extra = {**model.config.extra, "target": public_target_name(facts.directory)}
     if facts.architecture:
         extra["target_architecture"] = facts.architecture
     model.config = model.config.replace(extra=extra)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 
+from dspark.defaults import public_target_name
 from dspark.errors import IncompatibleDraftError
 from dspark.model.config import DSparkConfig
 from dspark.model.dspark import DSparkDraftModel
@@ -17,6 +20,40 @@ def default_aux_layers(num_layers: int) -> list[int]:
         return [2, num_layers // 2, num_layers - 3]
     ids = sorted({max(1, round(x)) for x in torch.linspace(1, max(1, num_layers - 1), 3).tolist()})
     return ids
+
+
+def default_mask_token(target: TargetModel) -> tuple[int, str]:
+    """An id the target never generates, to fill a block's draft slots, and why it was chosen:
+
+    1. the tokenizer's own mask token;
+    2. else the first embedding row past the tokenizer's vocabulary (no text maps to it; the
+       z-lab DFlash drafters for Qwen3 use 151669 this way);
+    3. else the highest-id added special token that has no role (not bos/eos/pad/unk) and that
+       the chat template does not write (SmolLM2: 16, ``<empty_output>``).
+    """
+    tok = target.tokenizer
+    if tok is None:
+        raise IncompatibleDraftError(f"{target.name}: no tokenizer to pick a mask token from; pass --mask-token-id")
+    mask = getattr(tok, "mask_token_id", None)
+    if isinstance(mask, int):
+        return mask, f"the tokenizer's mask token {tok.mask_token!r}"
+    if len(tok) < target.vocab_size:
+        return len(tok), f"the first embedding row past the tokenizer's {len(tok)} tokens"
+    roles = {i for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id) if i is not None}
+    template = getattr(tok, "chat_template", None) or ""
+    template = template if isinstance(template, str) else json.dumps(template)
+    added = getattr(tok, "added_tokens_decoder", {}) or {}
+    spare = [
+        i
+        for i, t in added.items()
+        if getattr(t, "special", False) and i not in roles and str(t) not in template and i < target.vocab_size
+    ]
+    if spare:
+        return max(spare), f"the unused special token {str(added[max(spare)])!r} (no role, not in the chat template)"
+    raise IncompatibleDraftError(
+        f"{target.name}: the tokenizer defines no mask token and has no spare special token; pass "
+        "--mask-token-id with an id the target never generates"
+    )
 
 
 def config_for_target(
@@ -35,12 +72,7 @@ def config_for_target(
 ) -> DSparkConfig:
     """A drafter config whose sizes are read from the target (errors when they cannot be)."""
     tcfg = target.config
-    mask = mask_token_id if mask_token_id is not None else target.mask_token_id()
-    if mask is None:
-        raise IncompatibleDraftError(
-            f"{target.name}: the tokenizer defines no mask token; pass --mask-token-id with an id "
-            "the target never generates (a reserved or unused special token)"
-        )
+    mask = mask_token_id if mask_token_id is not None else default_mask_token(target)[0]
     heads = int(getattr(tcfg, "num_attention_heads", 0) or 0)
     kv_heads = int(getattr(tcfg, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(tcfg, "head_dim", None) or (target.hidden_size // heads if heads else 0))
@@ -74,7 +106,7 @@ def config_for_target(
         rope_theta=_rope_theta(tcfg),
         rms_norm_eps=float(getattr(tcfg, "rms_norm_eps", None) or 1e-6),
         max_position_embeddings=int(getattr(tcfg, "max_position_embeddings", None) or 32768),
-        extra={"target": target.name, "target_architecture": type(target.model).__name__},
+        extra={"target": public_target_name(target.name), "target_architecture": type(target.model).__name__},
     )
 
 
@@ -117,8 +149,12 @@ def init_drafter(
     return model
 
 
-def check_fits(config: DSparkConfig, target: TargetModel) -> None:
-    """Raise `IncompatibleDraftError` naming every field where drafter and target disagree."""
+def check_fits(config: DSparkConfig, target) -> None:
+    """Raise `IncompatibleDraftError` naming every field where drafter and target disagree.
+
+    ``target`` is anything with ``name``, ``hidden_size``, ``vocab_size`` and ``num_layers``: a
+    loaded `TargetModel`, the `TargetFacts` export reads, or the `TargetShape` of a config.json
+    (so a mismatch is found before either side's weights are read). One check, one wording."""
     problems = []
     if config.target_hidden_size != target.hidden_size:
         problems.append(f"hidden size: drafter expects {config.target_hidden_size}, target has {target.hidden_size}")

@@ -36,7 +36,7 @@ def _position_limit(target) -> int:
 
 def build_app(opts: ServeOptions):
     """The FastAPI app and its worker (the worker thread is running on return)."""
-    from dspark.decoding.factory import checkpoint_method, make_drafter, make_engine
+    from dspark.decoding.factory import make_drafter, make_engine, precheck_pair
     from dspark.serve.app import ServerConfig, create_app
     from dspark.serve.metrics import Metrics
     from dspark.serve.worker import Worker
@@ -51,6 +51,10 @@ def build_app(opts: ServeOptions):
         raise DSparkError("--num-speculative-tokens > 0 needs a drafter (--draft)")
     if opts.prompt_lookup is not None and not speculative:
         raise DSparkError("--prompt-lookup drafts for a drafter; it needs --num-speculative-tokens > 0")
+    target_path = Path(opts.target)
+    if not (target_path.is_dir() or (target_path.is_file() and target_path.suffix == ".gguf")):
+        raise DSparkError(f"{target_path}: no such target directory or .gguf file")
+    method = precheck_pair(target_path, opts.draft) if speculative else None  # cheap checks before the target loads
 
     def build():
         # Runs on the worker thread: every torch op of the server stays on one thread (Worker).
@@ -62,7 +66,7 @@ def build_app(opts: ServeOptions):
             raise DSparkError(f"--max-model-len {opts.max_model_len} exceeds the target's {limit} positions")
         drafter = (
             make_drafter(
-                checkpoint_method(opts.draft),
+                method,
                 target,
                 draft_dir=opts.draft,
                 confidence_threshold=opts.confidence_threshold,

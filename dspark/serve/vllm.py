@@ -31,21 +31,36 @@ def vllm_handoff(
         )
     data = read_json(path)
     method = data.get("speculators_model_type")
-    if method == "eagle3":
-        checks = _eagle3_checks(data, path, num_speculative_tokens)
-    elif method in ("dspark", "dflash"):
-        checks = _block_checks(data, path, method, num_speculative_tokens)
-    else:
+    if method not in ("dspark", "dflash", "eagle3"):
         raise DSparkError(
             f"{path}: speculators_model_type {method!r}: vLLM's dspark, dflash and eagle3 methods need one of those"
         )
+    fit = _fit_check(src, target)
+    if method == "eagle3":
+        checks = _eagle3_checks(data, path, num_speculative_tokens)
+    else:
+        checks = _block_checks(data, path, method, num_speculative_tokens)
     if (Path(src) / "model.safetensors").is_file() is False:
         raise DSparkError(f"{src}: model.safetensors is missing")
+    checks.append(fit)
     spec = {"model": str(src.resolve()), "num_speculative_tokens": num_speculative_tokens, "method": method}
     args = ["vllm", "serve", str(target), "--host", host, "--port", str(port), "--speculative-config", json.dumps(spec)]
     if max_model_len:
         args += ["--max-model-len", str(max_model_len)]
     return {"speculative_config": spec, "command": shlex.join(args), "argv": args, "checks": checks}
+
+
+def _fit_check(draft: Path, target: str | Path) -> str:
+    """The pair checked as `dspark generate` checks it (`check_fits`), from the two configs."""
+    from dspark.model.config import DSparkConfig
+    from dspark.model.pairing import check_fits
+    from dspark.target.frozen import read_target_shape
+
+    shape = read_target_shape(target)
+    if shape is None:
+        return f"fit not checked: {target} is not a local Hugging Face directory (vLLM checks it at load)"
+    check_fits(DSparkConfig.load(draft, num_target_layers=shape.num_layers), shape)
+    return f"fits target {target} (hidden {shape.hidden_size}, vocab {shape.vocab_size}, {shape.num_layers} layers)"
 
 
 def _require(data: dict, path: Path, method: str, keys: tuple[str, ...]) -> list[str]:

@@ -30,6 +30,40 @@ class TargetFacts:
     embedding: torch.Tensor  # [V, H]
     lm_head: torch.Tensor  # [V, H]
 
+    @property
+    def name(self) -> str:
+        return str(self.directory)
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """The sizes a drafter must match, read from a target's config.json alone (no weights):
+    enough for `check_fits` before anything heavy is loaded."""
+
+    name: str
+    hidden_size: int
+    vocab_size: int
+    num_layers: int
+
+
+def read_target_shape(path: str | Path) -> TargetShape | None:
+    """The target's sizes from ``path/config.json``; None when ``path`` is no local Hugging Face
+    directory (a .gguf file, a hub id) or its config lacks a size (the full check runs at load)."""
+    config_path = Path(path) / "config.json"
+    if not config_path.is_file():
+        return None
+    try:
+        config = json.loads(config_path.read_text())
+        config = {**config, **(config.get("text_config") or {})}
+        return TargetShape(
+            name=str(path),
+            hidden_size=int(config["hidden_size"]),
+            vocab_size=int(config["vocab_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+        )
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+
 
 def read_target_facts(directory: str | Path) -> TargetFacts:
     src = Path(directory)
