@@ -944,6 +944,15 @@ def _encode(target, prompt: str, chat: bool):
     return ids
 
 
+def _register_groups() -> None:
+    from dspark.corpus.cli import app as corpus_app
+
+    app.add_typer(corpus_app, name="corpus")
+
+
+_register_groups()
+
+
 def main() -> None:  # pragma: no cover - console entry point alias
     try:
         app()

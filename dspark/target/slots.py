@@ -1,0 +1,308 @@
+"""Many sequences decoding at once over a slot KV cache: continuous batching for datagen.
+
+`SlotDecoder` runs the target's own modules (embedding, decoder layers' projections and
+norms, rotary embedding, MLP, final norm, head) with a preallocated cache of ``slots``
+rows. Every decode step advances all slots by one token in one forward, each at its own
+position; a slot whose sequence ended is refilled with the next prompt at once (one
+prefill), so no row waits for the longest answer of a static batch and nothing is padded.
+
+It covers the Llama-style decoders (Llama, Mistral without a sliding window, Qwen2,
+Qwen3 with its q/k norms, SmolLM2): `SlotDecoder.check` compares its logits with the Hugging
+Face forward on a short sequence and refuses a model it does not reproduce, so callers fall
+back to ``generate``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from dspark.errors import DSparkError
+
+
+class SlotDecoderUnsupportedError(DSparkError):
+    """The target's architecture is not one `SlotDecoder` reproduces."""
+
+
+def _rotary_apply(model):
+    """The model family's own ``apply_rotary_pos_emb`` (its module defines the convention)."""
+    module = importlib.import_module(type(model).__module__)
+    fn = getattr(module, "apply_rotary_pos_emb", None)
+    if fn is None:
+        raise SlotDecoderUnsupportedError(f"{type(model).__name__}: no apply_rotary_pos_emb in {module.__name__}")
+    return fn
+
+
+class SlotDecoder:
+    def __init__(self, model, *, slots: int, max_len: int) -> None:
+        inner = getattr(model, "model", None)
+        layers = getattr(inner, "layers", None)
+        needed = ("embed_tokens", "norm", "rotary_emb")
+        if layers is None or any(not hasattr(inner, n) for n in needed):
+            raise SlotDecoderUnsupportedError(
+                f"{type(model).__name__}: not a Llama-style decoder (model.layers, norm, ...)"
+            )
+        cfg = model.config
+        if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+            raise SlotDecoderUnsupportedError(f"{type(model).__name__}: sliding-window layers are not supported")
+        for layer in layers:
+            attn = getattr(layer, "self_attn", None)
+            if attn is None or any(not hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+                raise SlotDecoderUnsupportedError(f"{type(model).__name__}: attention without q/k/v/o projections")
+        self.model, self.inner, self.layers = model, inner, list(layers)
+        self.head = model.get_output_embeddings()
+        self.rope = _rotary_apply(model)
+        self.heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
+        self.scale = float(getattr(self.layers[0].self_attn, "scaling", self.head_dim**-0.5))
+        self.slots, self.max_len = int(slots), int(max_len)
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        shape = (self.slots, self.kv_heads, self.max_len, self.head_dim)
+        self.k = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.v = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.lengths = torch.zeros(self.slots, dtype=torch.long, device=self.device)  # tokens cached per slot
+        self._slot_index = torch.arange(self.slots, device=self.device)
+        self._prefix: list[int] | None = None
+        self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # ------------------------------------------------------------------ forward pieces
+    def _qkv(self, attn, h: torch.Tensor, positions: torch.Tensor):
+        """q [B, H, T, D], k / v [B, KV, T, D] with rotary applied at ``positions`` [B, T]."""
+        b, t, _ = h.shape
+        q = attn.q_proj(h).view(b, t, self.heads, self.head_dim)
+        k = attn.k_proj(h).view(b, t, self.kv_heads, self.head_dim)
+        v = attn.v_proj(h).view(b, t, self.kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        cos, sin = self.inner.rotary_emb(h, positions)
+        q, k = self.rope(q, k, cos, sin)
+        return q, k, v
+
+    def _attend(self, q, k, v, mask=None, causal=False):
+        if self.kv_heads != self.heads:
+            rep = self.heads // self.kv_heads
+            if q.shape[2] == 1 and not causal:
+                # One query per sequence: fold each kv head's query group into the query
+                # length, so K / V are read in place (no copy per query head).
+                b, _, _, d = q.shape
+                out = F.scaled_dot_product_attention(
+                    q.view(b, self.kv_heads, rep, d), k, v, attn_mask=mask, scale=self.scale
+                )
+                return out.view(b, self.heads, 1, d)
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale)
+
+    def _finish(self, layer, h, attn_out):
+        b, _, t, _ = attn_out.shape
+        h = h + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def _logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        return self.head(self.inner.norm(h_last)).float()
+
+    # ------------------------------------------------------------------ public
+    @torch.inference_mode()
+    def prefill(self, slot: int, ids: Sequence[int]) -> torch.Tensor:
+        """Start ``slot`` over with ``ids``; the logits [V] of its last position. A prompt that
+        begins with the prefix set by `set_prefix` copies its cached keys and values and
+        computes only the rest."""
+        t = len(ids)
+        if not 0 < t < self.max_len:
+            raise DSparkError(f"a prompt of {t} tokens does not fit a slot of {self.max_len}")
+        past = 0
+        if self._prefix is not None and t > len(self._prefix) and list(ids[: len(self._prefix)]) == self._prefix:
+            past = len(self._prefix)
+            for i in range(len(self.layers)):
+                self.k[i][slot, :, :past] = self._prefix_kv[i][0]
+                self.v[i][slot, :, :past] = self._prefix_kv[i][1]
+        h = self._run_prompt(slot, ids[past:], past)
+        self.lengths[slot] = t
+        return self._logits(h[0, -1])
+
+    def _run_prompt(self, slot: int, ids: Sequence[int], past: int) -> torch.Tensor:
+        t = len(ids)
+        x = torch.tensor([list(ids)], device=self.device)
+        positions = torch.arange(past, past + t, device=self.device)[None]
+        mask = None
+        if past:  # the new tokens see the whole cached prefix and, causally, each other
+            mask = torch.arange(past + t, device=self.device)[None, :] <= positions[0][:, None]
+        h = self.inner.embed_tokens(x)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), positions)
+            self.k[i][slot, :, past : past + t] = k[0]
+            self.v[i][slot, :, past : past + t] = v[0]
+            if past:
+                out = self._attend(
+                    q, self.k[i][slot : slot + 1, :, : past + t], self.v[i][slot : slot + 1, :, : past + t], mask
+                )
+            else:
+                out = self._attend(q, k, v, causal=True)
+            h = self._finish(layer, h, out)
+        return h
+
+    @torch.inference_mode()
+    def set_prefix(self, ids: Sequence[int]) -> None:
+        """Cache the keys and values of a prefix many prompts share (a chat template's system
+        turn), so `prefill` computes it once. Uses slot 0 as scratch; call before decoding."""
+        ids = list(ids)
+        if not ids:
+            self._prefix, self._prefix_kv = None, []
+            return
+        self._run_prompt(0, ids, 0)
+        n = len(ids)
+        self._prefix_kv = [(k[0, :, :n].clone(), v[0, :, :n].clone()) for k, v in zip(self.k, self.v, strict=True)]
+        self._prefix = ids
+        self.lengths[0] = 0
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, active: int | None = None) -> torch.Tensor:
+        """Append one token to each of the first ``active`` slots (all by default; ``tokens``
+        [active]); the logits [active, V] after it. Callers keep the sequences in progress in
+        the first slots (`move`), so finished ones cost nothing."""
+        n = self.slots if active is None else int(active)
+        lengths = self.lengths[:n]
+        span = int(lengths.max()) + 1
+        if span > self.max_len:
+            raise DSparkError(f"a slot would pass its {self.max_len} positions")
+        mask = (torch.arange(span, device=self.device)[None, :] <= lengths[:, None])[:, None, None, :]
+        h = self.inner.embed_tokens(tokens.to(self.device)[:, None])
+        rows = self._slot_index[:n]
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), lengths[:, None])
+            self.k[i][rows, :, lengths] = k[:, :, 0]
+            self.v[i][rows, :, lengths] = v[:, :, 0]
+            h = self._finish(layer, h, self._attend(q, self.k[i][:n, :, :span], self.v[i][:n, :, :span], mask))
+        self.lengths[:n] += 1
+        return self._logits(h[:, 0])
+
+    @torch.inference_mode()
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s cached sequence into slot ``dst``."""
+        t = int(self.lengths[src])
+        for k, v in zip(self.k, self.v, strict=True):
+            k[dst, :, :t] = k[src, :, :t]
+            v[dst, :, :t] = v[src, :, :t]
+        self.lengths[dst] = t
+
+    def room(self, slot: int) -> int:
+        return self.max_len - int(self.lengths[slot])
+
+    @torch.inference_mode()
+    def check(self, ids: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8), atol: float | None = None) -> None:
+        """Refuse a model whose Hugging Face logits this decoder does not reproduce (prefill
+        of all but one token, then one decode step), within the dtype's tolerance."""
+        ids = list(ids)
+        full = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0].float()
+        saved = self.lengths.clone()
+        got_prefill = self.prefill(0, ids[:-1])
+        tokens = torch.zeros(self.slots, dtype=torch.long)
+        tokens[0] = ids[-1]
+        got_decode = self.decode(tokens)[0]
+        self.lengths.copy_(saved)
+        tol = (
+            atol
+            if atol is not None
+            else (1e-3 if self.dtype == torch.float32 else 0.15) * max(1.0, float(full.abs().max()))
+        )
+        err = max(float((got_prefill - full[-2]).abs().max()), float((got_decode - full[-1]).abs().max()))
+        if not err <= tol:
+            raise SlotDecoderUnsupportedError(
+                f"{type(self.model).__name__}: the slot decoder's logits differ from the model's by {err:.3g} "
+                f"(tolerance {tol:.3g}); this architecture needs the generate path"
+            )
+
+
+def shared_prefix(prompts: Sequence[Sequence[int]], minimum: int = 4) -> list[int]:
+    """The longest prefix every prompt shares, one token short of the shortest prompt (its
+    last token must be computed for the logits); empty when shorter than ``minimum``."""
+    if not prompts:
+        return []
+    first = list(prompts[0])
+    n = min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        n = min(n, next((i for i, (a, b) in enumerate(zip(first, p, strict=False)) if a != b), n))
+    return first[:n] if n >= minimum else []
+
+
+def continuous_generate(
+    decoder: SlotDecoder,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+) -> Iterator[tuple[int, list[int]]]:
+    """Yield ``(prompt index, response ids)`` as each sequence ends (stop token included),
+    out of order. Greedy at ``temperature`` 0; else each prompt samples with its own
+    generator seeded ``seed + index``, so a row does not depend on its neighbours."""
+    from dspark.decoding.sampling import SamplingParams, probabilities
+
+    params = SamplingParams(temperature=temperature, top_p=top_p)
+    queue = iter(range(len(prompts)))
+    # Per slot: the prompt index it answers, its tokens so far, its sampling generator. The
+    # sequences in progress always fill slots 0 .. active-1.
+    owner: list[int] = [-1] * decoder.slots
+    out: list[list[int]] = [[] for _ in range(decoder.slots)]
+    gens: list[torch.Generator | None] = [None] * decoder.slots
+    next_tok = torch.zeros(decoder.slots, dtype=torch.long)
+    done: list[tuple[int, list[int]]] = []
+
+    def pick(logits: torch.Tensor, slot: int) -> int:
+        if params.greedy:
+            return int(logits.argmax())
+        probs = probabilities(logits[None], params)[0]
+        return int(torch.multinomial(probs, 1, generator=gens[slot]))
+
+    def fill(slot: int) -> bool:
+        """Start the next prompt in ``slot``; False when none is left."""
+        for index in queue:
+            ids = prompts[index]
+            if len(ids) + max_new_tokens > decoder.max_len:
+                raise DSparkError(
+                    f"prompt {index}: {len(ids)} tokens + {max_new_tokens} new do not fit {decoder.max_len} positions"
+                )
+            gens[slot] = None if params.greedy else torch.Generator().manual_seed(seed + index)
+            first = pick(decoder.prefill(slot, ids), slot)
+            if first in stop_ids or max_new_tokens == 1:
+                done.append((index, [first]))
+                continue
+            owner[slot], out[slot], next_tok[slot] = index, [first], first
+            return True
+        return False
+
+    decoder.set_prefix(shared_prefix(prompts))
+    active = 0
+    while active < decoder.slots and fill(active):
+        active += 1
+    while True:
+        yield from done
+        done.clear()
+        if active == 0:
+            return
+        logits = decoder.decode(next_tok[:active], active)
+        chosen = logits.argmax(dim=-1).tolist() if params.greedy else None
+        free = []
+        for slot in range(active):
+            tok = chosen[slot] if chosen is not None else pick(logits[slot], slot)
+            out[slot].append(tok)
+            if tok in stop_ids or len(out[slot]) >= max_new_tokens:
+                done.append((owner[slot], out[slot]))
+                if not fill(slot):
+                    free.append(slot)
+            else:
+                next_tok[slot] = tok
+        # Keep the sequences in progress in the first slots: the last ones move into the holes.
+        for hole in sorted(free, reverse=True):
+            last = active - 1
+            if hole != last:
+                decoder.move(last, hole)
+                owner[hole], out[hole], gens[hole], next_tok[hole] = owner[last], out[last], gens[last], next_tok[last]
+            active -= 1

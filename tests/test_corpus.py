@@ -1,0 +1,189 @@
+"""The corpus: shards and manifest, the prompt pool, growth with resume, and the slot decoder
+(continuous batching) against Hugging Face generate."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dspark.cli import app
+from dspark.corpus import Corpus, CorpusError, Row, prompt_key
+from dspark.corpus.grow import grow, read_pool
+from dspark.corpus.prompts import benchmark_keys, build_pool
+from dspark.datasets import load_prompts
+from dspark.target.slots import SlotDecoder, SlotDecoderUnsupportedError, continuous_generate
+from dspark.training.data import load_examples
+from dspark.training.datagen import GenerateEngine, SlotEngine, encode_prompt, make_engine
+
+runner = CliRunner()
+META = {"command": "test", "commit": None, "created_utc": "2026-12-05T00:00:00Z"}
+
+
+def _row(i: int, n: int = 5) -> Row:
+    ids = [i + 1] * 3 + list(range(i, i + n))
+    return Row(ids, [0] * 3 + [1] * n, "src", i, prompt_key(f"prompt {i}"), "test-engine")
+
+
+def test_shards_round_trip_and_refuse_damage(tmp_path):
+    corpus = Corpus.create(tmp_path / "c", target="Org/T", tokenizer_sha256="abc")
+    first = corpus.append([_row(i) for i in range(3)], **META)
+    second = corpus.append([_row(i, n=2 + i) for i in range(3, 5)], **META)
+    assert (first["file"], second["file"]) == ("shard-00000.npz", "shard-00001.npz")
+    again = Corpus(tmp_path / "c")  # re-read from disk
+    assert again.rows == 5 and again.tokens == 3 * 8 + 8 + 9
+    rows = list(again.iter_rows())
+    assert [r.input_ids for r in rows] == [_row(i).input_ids for i in range(3)] + [
+        _row(i, n=2 + i).input_ids for i in range(3, 5)
+    ]
+    assert [r.loss_mask for r in rows][3] == [0, 0, 0, 1, 1, 1, 1, 1]
+    assert {r.engine for r in rows} == {"test-engine"} and rows[4].source_index == 4
+    assert second["response_tokens"] == 5 + 6 and first["sources"] == {"src": 3}
+    assert len(list(again.iter_rows(limit=4))) == 4
+    with pytest.raises(CorpusError, match="repeat a stored"):
+        again.append([_row(1)], **META)
+    again.verify()
+    shard = tmp_path / "c" / "shard-00001.npz"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(CorpusError, match="checksum"):
+        Corpus(tmp_path / "c").verify()
+    with pytest.raises(CorpusError, match="another tokenizer"):
+        Corpus.open_or_create(tmp_path / "c", target="Org/Other", tokenizer_sha256="xyz")
+    with pytest.raises(CorpusError, match="not a corpus"):
+        Corpus(tmp_path / "nothing")
+    # Shards hold no pickles: numpy reads them with allow_pickle=False.
+    with np.load(tmp_path / "c" / "shard-00000.npz", allow_pickle=False) as data:
+        assert data["input_ids"].dtype == np.uint32
+
+
+def test_pool_drops_benchmarks_and_repeats_and_interleaves():
+    bench = load_prompts("gsm8k", 2) + load_prompts("humaneval", 1)
+    sources = {"a": ["x1", "x2", "x3", bench[0]], "b": ["y1", "  x1 ", bench[2]], "c": [bench[1]]}
+    pool, dropped = build_pool(sources, seed=0)
+    assert dropped == {"benchmark": 3, "repeat": 1, "empty": 0}
+    assert sorted(r["prompt"] for r in pool) == ["x1", "x2", "x3", "y1"]
+    assert {r["source"] for r in pool[:2]} == {"a", "b"}  # round-robin: both sources come first
+    for r in pool:
+        assert sources[r["source"]][r["source_index"]] == r["prompt"]
+    # The benchmark keys cover every spec_bench turn, not only the first.
+    from dspark.datasets import read_rows
+
+    second_turn = read_rows("spec_bench")[0]["turns"][1]
+    assert prompt_key(second_turn) in benchmark_keys()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_slot_decoder_greedy_equals_generate(tiny_targets, arch):
+    """Continuous batching, mixed prompt lengths, stops and refills: every row equals the
+    target's own greedy generate of that prompt alone."""
+    target = tiny_targets[arch]
+    tok = target.tokenizer
+    texts = ["def add(a, b):", "hello", "x = [1, 2, 3]\nfor", "print(", "a b a b", "import os\n", "1 + 1 ="]
+    prompts = [tok(t)["input_ids"] for t in texts]
+    stops = {int(tok.eos_token_id)} | {prompts[0][-1]}  # a stop that some rows hit early
+    decoder = SlotDecoder(target.model, slots=3, max_len=64)
+    decoder.check()
+    got = dict(continuous_generate(decoder, prompts, max_new_tokens=20, stop_ids=stops))
+    assert sorted(got) == list(range(len(prompts)))
+    pad = tok.pad_token_id
+    for i, ids in enumerate(prompts):
+        ref = target.model.generate(
+            input_ids=torch.tensor([ids]),
+            max_new_tokens=20,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=sorted(stops),
+        )[0, len(ids) :].tolist()
+        while ref and ref[-1] == pad and pad not in stops:
+            ref.pop()
+        assert got[i] == ref, (arch, i)
+
+
+def test_slot_decoder_reuses_a_shared_prefix_exactly(tiny_targets):
+    """Prompts sharing a prefix (a chat template's system turn): its cache is computed once
+    and copied; each answer still equals generate's."""
+    from dspark.target.slots import shared_prefix
+
+    target = tiny_targets["qwen3"]
+    tok = target.tokenizer
+    head = "system: you are a careful helper who writes python code.\nuser: "
+    prompts = [tok(head + t)["input_ids"] for t in ("add two numbers", "print hello", "sort a list", "x")]
+    prefix = shared_prefix(prompts)
+    assert len(prefix) >= 8 and all(p[: len(prefix)] == prefix for p in prompts)
+    decoder = SlotDecoder(target.model, slots=2, max_len=128)
+    got = dict(continuous_generate(decoder, prompts, max_new_tokens=16, stop_ids=set()))
+    assert decoder._prefix == prefix
+    for i, ids in enumerate(prompts):
+        ref = target.model.generate(input_ids=torch.tensor([ids]), max_new_tokens=16, do_sample=False)
+        assert got[i] == ref[0, len(ids) :].tolist(), i
+
+
+def test_slot_sampling_is_per_prompt_and_reproducible(tiny_targets):
+    target = tiny_targets["qwen3"]
+    prompts = [target.tokenizer(t)["input_ids"] for t in ("a", "b c", "def f(")]
+
+    def run(slots):
+        dec = SlotDecoder(target.model, slots=slots, max_len=40)
+        return dict(continuous_generate(dec, prompts, max_new_tokens=12, stop_ids=set(), temperature=1.0, seed=5))
+
+    # Each prompt samples with its own generator: the batch layout does not change a row.
+    assert run(1) == run(3)
+
+
+def test_slot_decoder_refuses_what_it_cannot_reproduce(tiny_targets):
+    with pytest.raises(SlotDecoderUnsupportedError):
+        SlotDecoder(tiny_targets["deepseek_v3"].model, slots=2, max_len=16).check()
+    engine = make_engine("auto", tiny_targets["deepseek_v3"], max_new_tokens=8, log=lambda m: None)
+    assert isinstance(engine, GenerateEngine) and engine.kind == "generate"
+    assert isinstance(make_engine("auto", tiny_targets["llama"], slots=2, max_new_tokens=8), SlotEngine)
+
+
+def test_grow_packs_shards_resumes_and_trains(tiny_targets, tiny_target_dirs, tmp_path):
+    target = tiny_targets["llama"]
+    pool_path = tmp_path / "pool.jsonl"
+    texts = [f"prompt number {i}" for i in range(10)]
+    pool_path.write_text(
+        "".join(json.dumps({"prompt": t, "source": "s", "source_index": i}) + "\n" for i, t in enumerate(texts))
+    )
+    pool = read_pool(pool_path)
+    corpus = Corpus.create(tmp_path / "c", target="tiny", tokenizer_sha256="t")
+    engine = make_engine("slots", target, slots=3, max_new_tokens=12, max_prompt_len=32)
+    work = tmp_path / "work.jsonl"
+    counts = grow(corpus, pool, engine, work=work, limit=7, shard_rows=3, meta=lambda: META, progress=False)
+    assert counts["answered"] == 7 and counts["packed"] == 7
+    assert [s["rows"] for s in corpus.shards] == [3, 3, 1] and work.read_text() == ""
+    # A killed run leaves answers in the work file: the next run packs them, answers the rest once.
+    stray = {
+        "key": prompt_key(texts[7]),
+        "source": "s",
+        "source_index": 7,
+        "input_ids": [1, 2, 3],
+        "loss_mask": [0, 1, 1],
+        "engine": "e",
+    }
+    work.write_text(json.dumps(stray) + "\n" + '{"key": "half a ro')
+    counts = grow(corpus, pool, engine, work=work, limit=None, shard_rows=100, meta=lambda: META, progress=False)
+    assert counts["answered"] == 2 and corpus.rows == 10
+    assert sorted(r.source_index for r in corpus.iter_rows()) == list(range(10))
+    assert (
+        grow(corpus, pool, engine, work=work, limit=None, shard_rows=3, meta=lambda: META, progress=False)["answered"]
+        == 0
+    )
+    # Each stored row is the prompt's encoding followed by the engine's greedy answer.
+    by_index = {r.source_index: r for r in corpus.iter_rows()}
+    ids = encode_prompt(target.tokenizer, texts[2])
+    assert by_index[2].input_ids[: len(ids)] == ids and by_index[2].loss_mask[: len(ids)] == [0] * len(ids)
+    assert by_index[2].engine == "dspark-slots/float32"
+    assert len(load_examples(tmp_path / "c")) == 10  # training reads the corpus directly
+    out = tmp_path / "rows.jsonl"
+    result = runner.invoke(
+        app, ["corpus", "export", str(tmp_path / "c"), "--out", str(out), "--skip", "2", "--rows", "5"]
+    )
+    assert result.exit_code == 0, result.output
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [e["input_ids"] for e in exported] == [r.input_ids for r in list(corpus.iter_rows())[2:7]]
+    status = runner.invoke(app, ["corpus", "status", str(tmp_path / "c"), "--verify", "--json"])
+    assert status.exit_code == 0 and json.loads(status.output.splitlines()[0])["rows"] == 10
