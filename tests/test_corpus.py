@@ -144,9 +144,12 @@ def test_slot_decoder_refuses_what_it_cannot_reproduce(tiny_targets):
 def test_grow_packs_shards_resumes_and_trains(tiny_targets, tiny_target_dirs, tmp_path):
     target = tiny_targets["llama"]
     pool_path = tmp_path / "pool.jsonl"
-    texts = [f"prompt number {i}" for i in range(10)]
+    texts = [f"prompt number {i}" for i in range(9)] + ["a line\u2028separator"]  # not a JSONL line break
     pool_path.write_text(
-        "".join(json.dumps({"prompt": t, "source": "s", "source_index": i}) + "\n" for i, t in enumerate(texts))
+        "".join(
+            json.dumps({"prompt": t, "source": "s", "source_index": i}, ensure_ascii=False) + "\n"
+            for i, t in enumerate(texts)
+        )
     )
     pool = read_pool(pool_path)
     corpus = Corpus.create(tmp_path / "c", target="tiny", tokenizer_sha256="t")

@@ -194,3 +194,45 @@ def export_cmd(
     except DSparkError as exc:
         _fail(str(exc))
     typer.echo(f"wrote {count} rows to {out}")
+
+
+@app.command("bench")
+def bench_cmd(
+    engines: Annotated[
+        str, typer.Option(help="Comma list of KIND/DTYPE/N (generate|slots, float32|bfloat16, batch or slots).")
+    ] = "generate/float32/32,slots/bfloat16/64",
+    dataset: Annotated[str, typer.Option(help="Training prompt set (not a benchmark).")] = "gsm8k_train",
+    rows: Annotated[int, typer.Option(min=1, help="Prompts.")] = 64,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap.")] = 256,
+    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
+    out: Annotated[Path | None, typer.Option(help="JSON results with provenance.")] = None,
+    markdown: Annotated[Path | None, typer.Option(help="Markdown table.")] = None,
+) -> None:
+    """Datagen engines side by side on the same prompts: responses/min, tok/s, agreement."""
+    import torch
+
+    from dspark.bench.datagen import datagen_table, parse_engines, run_datagen_bench
+    from dspark.bench.provenance import finished, provenance, write_json
+    from dspark.datasets import training_prompts
+    from dspark.defaults import resolve_target
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        specs = parse_engines(engines)
+        target_dir = resolve_target(target)
+        prompts = training_prompts(dataset, rows)
+        meta = provenance(command=" ".join(["dspark", *sys.argv[1:]]), dataset=dataset, rows=rows)  # before the run
+        result = run_datagen_bench(
+            target_dir, prompts, specs, max_new_tokens=max_new_tokens, log=lambda m: typer.echo(m, err=True)
+        )
+    except DSparkError as exc:
+        _fail(str(exc))
+    table = datagen_table(result)
+    typer.echo(table)
+    if out:
+        write_json(out, {"provenance": finished(meta), "max_new_tokens": max_new_tokens, "rows": result})
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(table)

@@ -25,7 +25,7 @@ def read_pool(path: str | Path) -> list[dict]:
     if not src.is_file():
         raise DSparkError(f"{src}: prompt pool not found (build one with `dspark corpus prompts`)")
     pool = []
-    for n, line in enumerate(src.read_text().splitlines(), 1):
+    for n, line in enumerate(src.read_text().split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -112,26 +112,33 @@ def grow(
     tokens = 0
     try:
         with work.open("a") as fh:
-            for k, response in engine.run(encoded):
-                p, ids = kept[k], encoded[k]
-                row = {
-                    "key": prompt_key(p["prompt"]),
-                    "source": p["source"],
-                    "source_index": p["source_index"],
-                    "input_ids": ids + response,
-                    "loss_mask": [0] * len(ids) + [1] * len(response),
-                    "engine": engine.name,
-                }
-                fh.write(json.dumps(row) + "\n")
-                fh.flush()
-                pending.append(row)
-                counts["answered"] += 1
-                tokens += len(response)
-                bar.update(1)
-                bar.set_postfix_str(f"{tokens / max(bar.format_dict['elapsed'], 1e-9):.0f} tok/s", refresh=False)
-                if len(pending) >= shard_rows:
-                    counts["packed"] += pack_work(corpus, work, pending, meta)
-                    pending = []
+            # Windows of shard_rows prompts, each sorted by length: sequences decoding together
+            # then have similar spans (attention reads every slot up to the longest), while
+            # every shard still holds the pool's mix of sources.
+            for start in range(0, len(kept), shard_rows):
+                window = sorted(range(start, min(start + shard_rows, len(kept))), key=lambda i: len(encoded[i]))
+                for k, response in engine.run([encoded[i] for i in window]):
+                    p, ids = kept[window[k]], encoded[window[k]]
+                    row = {
+                        "key": prompt_key(p["prompt"]),
+                        "source": p["source"],
+                        "source_index": p["source_index"],
+                        "input_ids": ids + response,
+                        "loss_mask": [0] * len(ids) + [1] * len(response),
+                        "engine": engine.name,
+                    }
+                    fh.write(json.dumps(row) + "\n")
+                    fh.flush()
+                    pending.append(row)
+                    counts["answered"] += 1
+                    tokens += len(response)
+                    bar.update(1)
+                    bar.set_postfix_str(f"{tokens / max(bar.format_dict['elapsed'], 1e-9):.0f} tok/s", refresh=False)
+                    if len(pending) >= shard_rows:
+                        counts["packed"] += pack_work(corpus, work, pending, meta)
+                        pending = []
+                    if stop["now"]:
+                        break
                 if stop["now"]:
                     break
     except KeyboardInterrupt:

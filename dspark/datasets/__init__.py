@@ -70,7 +70,7 @@ def _read_jsonl(path: Path | resources.abc.Traversable, name: str) -> list[dict]
         except (OSError, EOFError) as e:
             raise DSparkError(f"{path}: not a readable gzip file ({e})") from e
     rows = []
-    for i, line in enumerate(raw.decode("utf-8").splitlines(), 1):
+    for i, line in enumerate(raw.decode("utf-8").split("\n"), 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))

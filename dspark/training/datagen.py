@@ -22,7 +22,7 @@ def read_prompts(path: str | Path, field: str | None = None) -> list:
     if not src.is_file():
         raise DSparkError(f"{src}: prompt file not found")
     prompts = []
-    for n, line in enumerate(src.read_text().splitlines(), 1):
+    for n, line in enumerate(src.read_text().split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -219,7 +219,7 @@ def read_rows_resumable(path: Path) -> list[dict]:
         with path.open("rb+") as fh:
             fh.truncate(len(text))
     rows = []
-    for line in text.decode().splitlines():
+    for line in text.decode().split("\n"):
         if line.strip():
             try:
                 row = json.loads(line)
