@@ -15,6 +15,7 @@ from dspark.corpus import Corpus, CorpusError, Row, prompt_key
 from dspark.corpus.grow import grow, read_pool
 from dspark.corpus.prompts import benchmark_keys, build_pool
 from dspark.datasets import load_prompts
+from dspark.errors import DSparkError
 from dspark.target.slots import SlotDecoder, SlotDecoderUnsupportedError, continuous_generate
 from dspark.training.data import load_examples
 from dspark.training.datagen import GenerateEngine, SlotEngine, encode_prompt, make_engine
@@ -190,3 +191,61 @@ def test_grow_packs_shards_resumes_and_trains(tiny_targets, tiny_target_dirs, tm
     assert [e["input_ids"] for e in exported] == [r.input_ids for r in list(corpus.iter_rows())[2:7]]
     status = runner.invoke(app, ["corpus", "status", str(tmp_path / "c"), "--verify", "--json"])
     assert status.exit_code == 0 and json.loads(status.output.splitlines()[0])["rows"] == 10
+
+
+def test_multi_turn_and_magpie_sources(tiny_target_dirs, tiny_targets, tmp_path):
+    from transformers import AutoTokenizer
+
+    from dspark.corpus.prompts import followup_prompts, magpie_prefix, magpie_prompts
+    from dspark.datasets import read_rows
+
+    tok = AutoTokenizer.from_pretrained(tiny_target_dirs["qwen3"])
+    corpus = Corpus.create(tmp_path / "c", target="tiny", tokenizer_sha256="t")
+    answer = tok("the answer is 4")["input_ids"]
+    rows = [
+        Row([5, 6, *answer], [0, 0] + [1] * len(answer), "sharegpt", 1, prompt_key("q1"), "e"),
+        Row([5, 7, 8], [0, 0, 1], "sharegpt", 0, prompt_key("q0"), "e"),  # its conversation has one turn
+        Row([5, 7, 9], [0, 0, 1], "gsm8k_train", 1, prompt_key("g1"), "e"),
+    ]
+    corpus.append(rows, **META)
+    conversations = [["only turn"], ["what is 2+2?", "and times 3?"]]
+    prompts, indices = followup_prompts(corpus, conversations, tok)
+    assert indices == [1]
+    assert prompts == [
+        [
+            {"role": "user", "content": "what is 2+2?"},
+            {"role": "assistant", "content": "the answer is 4"},
+            {"role": "user", "content": "and times 3?"},
+        ]
+    ]
+    # A follow-up whose second turn is a benchmark prompt (MT-Bench's second turns) is dropped;
+    # a dict source keeps its own indices.
+    mt_turn2 = read_rows("spec_bench")[0]["turns"][1]
+    bad = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": mt_turn2},
+    ]
+    pool, dropped = build_pool({"turn2": {7: prompts[0], 9: bad}})
+    assert dropped["benchmark"] == 1 and pool == [{"prompt": prompts[0], "source": "turn2", "source_index": 7}]
+
+    # Magpie: the template's prefix up to the user's message; the target samples turns itself.
+    chat = tmp_path / "chat"
+    import shutil
+
+    shutil.copytree(tiny_target_dirs["qwen3"], chat)
+    cfg = json.loads((chat / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}<eos>{{ m['content'] }}{% endfor %}<mask>"
+    (chat / "tokenizer_config.json").write_text(json.dumps(cfg))
+    chat_tok = AutoTokenizer.from_pretrained(chat)
+    assert magpie_prefix(chat_tok) == [chat_tok.eos_token_id]
+    target = tiny_targets["qwen3"]
+    target.tokenizer, saved = chat_tok, target.tokenizer
+    try:
+        engine = make_engine("slots", target, slots=4, max_new_tokens=24, temperature=1.0, seed=3)
+        made = magpie_prompts(engine, 8, min_chars=1)
+    finally:
+        target.tokenizer = saved
+    assert 1 <= len(made) <= 8 and len(set(made)) == len(made)
+    with pytest.raises(DSparkError, match="chat template"):
+        magpie_prefix(tok)

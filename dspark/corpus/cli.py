@@ -38,7 +38,6 @@ def prompts_cmd(
     """Write the prompt pool: every source shuffled and interleaved, benchmarks and repeats dropped."""
     from dspark.corpus.prompts import build_pool, builtin_sources
     from dspark.io import atomic_write_text
-    from dspark.training.datagen import read_prompts
 
     try:
         if out.exists() and not force:
@@ -48,7 +47,7 @@ def prompts_cmd(
             name, sep, file = item.partition("=")
             if not sep or not name or not file:
                 raise DSparkError(f"--extra {item!r}: expected NAME=FILE")
-            sources[name] = read_prompts(file)
+            sources[name] = read_indexed_prompts(file)
         pool, dropped = build_pool(sources, seed=seed)
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in pool))
@@ -56,6 +55,84 @@ def prompts_cmd(
         _fail(str(exc))
     by_source = {name: sum(r["source"] == name for r in pool) for name in sources}
     typer.echo(f"wrote {len(pool)} prompts to {out}: {by_source}; dropped {dropped}")
+
+
+def read_indexed_prompts(path: str | Path) -> dict[int, object]:
+    """A prompt file's prompts by ``source_index`` (its rows' own field, else their position)."""
+    from dspark.training.datagen import read_prompts
+
+    prompts = read_prompts(path)
+    rows = [json.loads(line) for line in Path(path).read_text().split("\n") if line.strip()]
+    return {int(r.get("source_index", i)): p for i, (r, p) in enumerate(zip(rows, prompts, strict=True))}
+
+
+def _write_prompts(out: Path, rows: list[dict], force: bool) -> None:
+    from dspark.io import atomic_write_text
+
+    if out.exists() and not force:
+        raise DSparkError(f"{out} exists; pass --force to replace it (nothing was written)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+@app.command("magpie")
+def magpie_cmd(
+    out: Annotated[Path, typer.Option(help="JSONL of {prompt} rows: user turns the target wrote itself.")],
+    count: Annotated[int, typer.Option(min=1, help="Turns to sample (repeats and very short ones are dropped).")],
+    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    temperature: Annotated[float, typer.Option(min=0.01, help="Sampling temperature.")] = 1.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus filter.")] = 0.95,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest user turn.")] = 128,
+    slots: Annotated[int, typer.Option(min=1, help="Sequences sampled together.")] = 64,
+    seed: Annotated[int, typer.Option(help="Row i samples with seed + i.")] = 0,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "bfloat16",
+    force: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
+) -> None:
+    """Prompts the target writes itself from its chat template's user prefix (Magpie)."""
+    import torch
+
+    from dspark.corpus.prompts import magpie_prompts
+    from dspark.defaults import resolve_target
+    from dspark.target import TargetModel
+    from dspark.training.datagen import make_engine
+
+    try:
+        if out.exists() and not force:
+            raise DSparkError(f"{out} exists; pass --force to replace it (nothing was written)")
+        tgt = TargetModel.from_pretrained(resolve_target(target), dtype=getattr(torch, dtype))
+        engine = make_engine(
+            "auto", tgt, slots=slots, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+        )
+        prompts = magpie_prompts(engine, count)
+        _write_prompts(out, [{"prompt": p} for p in prompts], force)
+    except DSparkError as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {len(prompts)} prompts (of {count} sampled) to {out}")
+
+
+@app.command("followups")
+def followups_cmd(
+    corpus: Annotated[Path, typer.Option(help="Corpus whose stored first answers the second turns build on.")],
+    sharegpt: Annotated[Path, typer.Option(help="The ShareGPT JSON the pool's sharegpt prompts came from.")],
+    out: Annotated[Path, typer.Option(help="JSONL of {messages, source_index} rows (add as --extra NAME=FILE).")],
+    target: Annotated[Path | None, typer.Option(help="Target directory (its tokenizer decodes the answers).")] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
+) -> None:
+    """Second turns of ShareGPT conversations, asked on the target's own stored first answers."""
+    from transformers import AutoTokenizer
+
+    from dspark.corpus import Corpus
+    from dspark.corpus.prompts import followup_prompts
+    from dspark.defaults import resolve_target
+    from dspark.training.prompt_sources import sharegpt_conversations
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(resolve_target(target)))
+        prompts, indices = followup_prompts(Corpus(corpus), sharegpt_conversations(sharegpt), tok)
+        _write_prompts(out, [{"messages": m, "source_index": i} for m, i in zip(prompts, indices, strict=True)], force)
+    except DSparkError as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {len(prompts)} second-turn prompts to {out}")
 
 
 @app.command("grow")

@@ -51,13 +51,15 @@ def builtin_sources(sharegpt: str | Path | None = None) -> dict[str, Callable[[]
     return sources
 
 
-def build_pool(sources: dict[str, list], *, seed: int = 0, exclude: set[str] | None = None) -> tuple[list[dict], dict]:
+def build_pool(
+    sources: dict[str, list | dict], *, seed: int = 0, exclude: set[str] | None = None
+) -> tuple[list[dict], dict]:
     """``[{"prompt", "source", "source_index"}]`` interleaved round-robin, and what was dropped."""
     exclude = benchmark_keys() if exclude is None else exclude
     rng = random.Random(seed)
     queues = []
-    for name, prompts in sources.items():
-        order = list(enumerate(prompts))
+    for name, prompts in sources.items():  # a list (index = position) or {source_index: prompt}
+        order = list(prompts.items()) if isinstance(prompts, dict) else list(enumerate(prompts))
         rng.shuffle(order)
         queues.append((name, order))
     seen: set[str] = set()
@@ -71,7 +73,10 @@ def build_pool(sources: dict[str, list], *, seed: int = 0, exclude: set[str] | N
                 dropped["empty"] += 1
                 continue
             key = prompt_key(prompt)
-            if key in exclude:
+            turns = (
+                [m.get("content", "") for m in prompt if m.get("role") == "user"] if isinstance(prompt, list) else ()
+            )
+            if key in exclude or any(prompt_key(t) in exclude for t in turns):
                 dropped["benchmark"] += 1
             elif key in seen:
                 dropped["repeat"] += 1
@@ -79,3 +84,65 @@ def build_pool(sources: dict[str, list], *, seed: int = 0, exclude: set[str] | N
                 seen.add(key)
                 pool.append({"prompt": prompt, "source": name, "source_index": index})
     return pool, dropped
+
+
+def followup_prompts(
+    corpus, conversations: list[list[str]], tokenizer, *, source: str = "sharegpt", max_chars: int = 2000
+) -> tuple[list, list[int]]:
+    """Second turns of multi-turn conversations, asked on the target's own first answer: for
+    each stored row of ``source`` whose conversation has a second human turn, the messages
+    ``[user 1, assistant (the stored answer), user 2]``. Returns the prompts and their
+    conversation indices (``source_index`` of the ``<source>_turn2`` rows)."""
+    prompts, indices = [], []
+    for row in corpus.iter_rows():
+        if row.source != source or row.source_index >= len(conversations):
+            continue
+        turns = conversations[row.source_index]
+        if len(turns) < 2 or not 0 < len(turns[1]) <= max_chars:
+            continue
+        answer_ids = [t for t, m in zip(row.input_ids, row.loss_mask, strict=True) if m]
+        answer = tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
+        if not answer:
+            continue
+        prompts.append(
+            [
+                {"role": "user", "content": turns[0]},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": turns[1]},
+            ]
+        )
+        indices.append(row.source_index)
+    return prompts, indices
+
+
+def magpie_prefix(tokenizer) -> list[int]:
+    """The chat template up to where a user's message starts (the Magpie method: the target,
+    given only this, writes a user turn itself)."""
+    from dspark.training.datagen import encode_prompt
+
+    marker = "\u2063MAGPIE\u2063"
+    with_marker = encode_prompt(tokenizer, marker)
+    plain = encode_prompt(tokenizer, "")
+    n = 0
+    while n < min(len(with_marker), len(plain)) and with_marker[n] == plain[n]:
+        n += 1
+    if n == 0 or not getattr(tokenizer, "chat_template", None):
+        from dspark.errors import DSparkError
+
+        raise DSparkError("Magpie prompts need a chat template to start the user's turn")
+    return with_marker[:n]
+
+
+def magpie_prompts(engine, count: int, *, min_chars: int = 16) -> list[str]:
+    """``count`` user turns the target writes itself from `magpie_prefix` (sampled: the engine
+    must sample, each row with its own seed), cleaned, deduplicated, in the order made."""
+    tok = engine.target.tokenizer
+    prefix = magpie_prefix(tok)
+    out, seen = [], set()
+    for _, ids in sorted(engine.run([prefix] * count)):
+        text = tok.decode(ids, skip_special_tokens=True).strip()
+        key = prompt_key(text)
+        if len(text) >= min_chars and key not in seen:
+            seen.add(key)
+            out.append(text)
+    return out

@@ -158,8 +158,10 @@ def stdlib_completion_prompts(limit: int | None = None) -> list[str]:
     return prompts[:limit]
 
 
-def sharegpt_prompts(path: str | Path, limit: int | None = None, max_chars: int = 2000) -> list[str]:
-    """First human turns of complete conversations in a ShareGPT JSON list (possibly truncated)."""
+def sharegpt_conversations(path: str | Path, limit: int | None = None, max_chars: int = 2000) -> list[list[str]]:
+    """The human turns of each ShareGPT conversation (a JSON list, possibly cut off) whose
+    first turn is a human one of 1..max_chars characters; `sharegpt_prompts` are their first
+    turns, in the same order, so an index means the same conversation in both."""
     src = Path(path)
     if not src.is_file():
         raise DSparkError(f"{src}: ShareGPT file not found")
@@ -168,8 +170,8 @@ def sharegpt_prompts(path: str | Path, limit: int | None = None, max_chars: int 
     if start < 0:
         raise DSparkError(f"{src}: not a JSON list of conversations")
     decoder = json.JSONDecoder()
-    pos, prompts = start + 1, []
-    while limit is None or len(prompts) < limit:
+    pos, conversations = start + 1, []
+    while limit is None or len(conversations) < limit:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
         if pos >= len(text) or text[pos] == "]":
@@ -182,5 +184,11 @@ def sharegpt_prompts(path: str | Path, limit: int | None = None, max_chars: int 
         if turns and turns[0].get("from") == "human":
             value = str(turns[0].get("value", "")).strip()
             if 0 < len(value) <= max_chars:
-                prompts.append(value)
-    return prompts
+                humans = [str(t.get("value", "")).strip() for t in turns if t.get("from") == "human"]
+                conversations.append(humans)
+    return conversations
+
+
+def sharegpt_prompts(path: str | Path, limit: int | None = None, max_chars: int = 2000) -> list[str]:
+    """First human turns of complete conversations in a ShareGPT JSON list (possibly truncated)."""
+    return [c[0] for c in sharegpt_conversations(path, limit, max_chars)]
