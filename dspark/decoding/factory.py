@@ -9,10 +9,9 @@ import torch
 from dspark.decoding.draft_length import StepCost, measure_step_cost
 from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, LookupFirstDrafter, NgramDrafter
 from dspark.decoding.engine import SpeculativeEngine
-from dspark.errors import CheckpointError, ConfigError, DSparkError
+from dspark.errors import DSparkError
 from dspark.model.checkpoint import load_drafter
-from dspark.model.config import DSparkConfig
-from dspark.model.pairing import check_fits
+from dspark.model.pairing import check_config_fits, check_fits
 from dspark.target.adapter import TargetModel
 
 METHODS = ("baseline", "ngram", "dspark", "dflash", "eagle3")
@@ -53,10 +52,7 @@ def precheck_pair(target: str | Path, draft: str | Path) -> str:
         raise DSparkError(f"{target}: no such target file")
     shape = read_target_shape(target)
     if shape is not None and Path(draft).suffix != ".gguf":
-        try:
-            check_fits(DSparkConfig.load(draft, num_target_layers=shape.num_layers), shape)
-        except ConfigError as exc:
-            raise CheckpointError(str(exc)) from None
+        check_config_fits(draft, shape)
     return method
 
 
@@ -74,10 +70,7 @@ def load_drafter_for(target: TargetModel, draft: str | Path, *, dtype: torch.dty
             target_lm_head=target.lm_head_weight(),
         ).to(device=target.device, dtype=dtype or target.dtype)
     else:
-        try:  # the sizes first, from the config alone: a mismatch names the fields, not a tensor
-            check_fits(DSparkConfig.load(draft, num_target_layers=target.num_layers), target)
-        except ConfigError as exc:
-            raise CheckpointError(str(exc)) from None
+        check_config_fits(draft, target)
         model = load_drafter(
             draft,
             device=target.device,

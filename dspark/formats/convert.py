@@ -14,7 +14,7 @@ import torch
 from dspark.defaults import public_target_name
 from dspark.errors import CheckpointError, DSparkError
 from dspark.model.dspark import DSparkDraftModel
-from dspark.model.pairing import check_fits
+from dspark.model.pairing import check_config_fits, check_fits
 from dspark.target.frozen import TargetFacts, read_target_facts
 
 FORMATS = ("speculators", "gguf")
@@ -45,7 +45,7 @@ def open_drafter(
     embed = facts.embedding if facts else None
     head = facts.lm_head if facts else None
     if facts is not None and kind in ("speculators", "ours"):
-        check_fits(DSparkConfig.load(src, num_target_layers=n_layers), facts)  # before the weights are read
+        check_config_fits(src, facts)  # before the weights are read
     if facts is None and kind in ("speculators", "ours"):
         # Placeholders from the config's own shapes, so a speculators file without frozen copies validates.
         try:

@@ -174,3 +174,15 @@ def check_fits(config: DSparkConfig, target) -> None:
         problems.append(f"mask_token_id {config.mask_token_id} outside the target vocab")
     if problems:
         raise IncompatibleDraftError(f"drafter does not fit target {target.name}: " + "; ".join(problems))
+
+
+def check_config_fits(draft, target) -> None:
+    """`check_fits` from a drafter directory's config alone: a mismatch names the fields
+    before any weights are read, in the one wording whichever side is wrong."""
+    from dspark.errors import CheckpointError, ConfigError
+
+    try:
+        config = DSparkConfig.load(draft, num_target_layers=target.num_layers)
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+    check_fits(config, target)

@@ -52,14 +52,13 @@ def vllm_handoff(
 
 def _fit_check(draft: Path, target: str | Path) -> str:
     """The pair checked as `dspark generate` checks it (`check_fits`), from the two configs."""
-    from dspark.model.config import DSparkConfig
-    from dspark.model.pairing import check_fits
+    from dspark.model.pairing import check_config_fits
     from dspark.target.frozen import read_target_shape
 
     shape = read_target_shape(target)
     if shape is None:
         return f"fit not checked: {target} is not a local Hugging Face directory (vLLM checks it at load)"
-    check_fits(DSparkConfig.load(draft, num_target_layers=shape.num_layers), shape)
+    check_config_fits(draft, shape)
     return f"fits target {target} (hidden {shape.hidden_size}, vocab {shape.vocab_size}, {shape.num_layers} layers)"
 
 

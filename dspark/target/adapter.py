@@ -174,10 +174,6 @@ class TargetModel:
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight
 
-    def mask_token_id(self) -> int | None:
-        tok = self.tokenizer
-        return None if tok is None else getattr(tok, "mask_token_id", None)
-
     def stop_token_ids(self) -> set[int]:
         ids: set[int] = set()
         for source in (getattr(self.model, "generation_config", None), self.config, self.tokenizer):
