@@ -432,3 +432,66 @@ def test_served_prompt_lookup_reports_its_steps(chat_target, draft):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+def _vllm_reading(config: dict) -> dict:
+    """What vLLM 0.32.0 makes of a speculators DFlash/DSpark config.json, as its code reads it
+    (vllm/transformers_utils/configs/speculators/algos.py, update_dflash / update_dspark)."""
+    return {
+        "dflash_causal": not config.get("sliding_window_non_causal", True),
+        "target_layer_ids": [i - 1 for i in config["aux_hidden_state_layer_ids"]],
+        "sample_from_anchor": config.get("sample_from_anchor", False),
+        "dspark_bonus_anchor": not config.get("sample_from_anchor", False),
+    }
+
+
+def test_vllm_reads_our_block_drafters_as_we_mean_them(chat_target, tmp_path):
+    """Each field vLLM interprets, in vLLM's reading: the block is bidirectional, the layer
+    ids are ours minus one (vLLM's target_layer_ids convention), the slot layout is stated."""
+    for method, extra in (("dspark", []), ("dflash", ["--no-sample-from-anchor"])):
+        made = runner.invoke(
+            app, ["init", "--target", str(chat_target), "--out", str(tmp_path / method), "--method", method, *extra]
+        )
+        assert made.exit_code == 0, made.output
+        out = tmp_path / f"{method}-spec"
+        assert (
+            runner.invoke(
+                app, ["export", str(tmp_path / method), "--format", "speculators", "--out", str(out)]
+            ).exit_code
+            == 0
+        )
+        config = json.loads((out / "config.json").read_text())
+        reading = _vllm_reading(config)
+        assert reading["dflash_causal"] is False  # bidirectional, as trained
+        assert reading["target_layer_ids"] == [i - 1 for i in config["aux_hidden_state_layer_ids"]]
+        assert reading["sample_from_anchor"] is (method == "dspark")
+        handoff = runner.invoke(
+            app, ["vllm-config", str(out), "--target", str(chat_target), "--json", "--num-speculative-tokens", "3"]
+        )
+        assert handoff.exit_code == 0, handoff.output
+    # The layout vLLM's DFlash runner refuses, and an older export that vLLM would run causally.
+    made = runner.invoke(
+        app, ["init", "--target", str(chat_target), "--out", str(tmp_path / "anchor"), "--method", "dflash"]
+    )
+    assert made.exit_code == 0
+    out = tmp_path / "anchor-spec"
+    assert (
+        runner.invoke(app, ["export", str(tmp_path / "anchor"), "--format", "speculators", "--out", str(out)]).exit_code
+        == 0
+    )
+    refused = runner.invoke(
+        app, ["vllm-config", str(out), "--target", str(chat_target), "--num-speculative-tokens", "3"]
+    )
+    assert refused.exit_code == 2 and "sample_from_anchor=true" in refused.output and "vLLM's dflash" in refused.output
+    old = tmp_path / "dflash-spec" / "config.json"
+    config = json.loads(old.read_text())
+    config["sliding_window_non_causal"] = False
+    old.write_text(json.dumps(config))
+    causal = runner.invoke(
+        app, ["vllm-config", str(old.parent), "--target", str(chat_target), "--num-speculative-tokens", "3"]
+    )
+    assert causal.exit_code == 2 and "causally" in causal.output
+    # We read either value as the bidirectional block we train.
+    from dspark.model.config import DSparkConfig
+
+    assert DSparkConfig.load(old.parent).block_size == DSparkConfig.load(tmp_path / "dflash-spec").block_size

@@ -106,7 +106,12 @@ def to_speculators_dict(config: DSparkConfig) -> dict[str, Any]:
         "target_hidden_size": config.target_hidden_size,
         "aux_hidden_state_layer_ids": list(config.aux_hidden_state_layer_ids),
         "mask_token_id": config.mask_token_id,
-        "sliding_window_non_causal": False,
+        # True: the draft block attends bidirectionally. vLLM reads this field as
+        # `dflash_config.causal = not sliding_window_non_causal` (vllm/transformers_utils/configs/
+        # speculators/algos.py, update_dflash), so `false` would make it run the block causally;
+        # speculators applies it to sliding-window layers only (its full-attention layers are
+        # always bidirectional), and we have none.
+        "sliding_window_non_causal": True,
         "sample_from_anchor": config.sample_from_anchor,
         "markov_rank": config.markov_rank,
         "markov_head_type": config.markov_head_type,
@@ -190,9 +195,9 @@ def from_speculators_dict(
         raise ConfigError(f"{source}: attention_bias=true is not supported (Qwen3 layers have none)")
     if layer.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"{source}: hidden_act {layer.get('hidden_act')!r} is not supported (only silu)")
-    if data.get("sliding_window_non_causal") or (
-        layer.get("layer_types") and any(t != "full_attention" for t in layer["layer_types"])
-    ):
+    # sliding_window_non_causal only concerns sliding-window layers (speculators' reading);
+    # our draft layers are full attention, bidirectional within the block, whatever it says.
+    if layer.get("layer_types") and any(t != "full_attention" for t in layer["layer_types"]):
         raise ConfigError(f"{source}: sliding-window draft layers are not supported")
     hidden = int(layer["hidden_size"])
     heads = int(layer["num_attention_heads"])

@@ -79,6 +79,22 @@ def _block_checks(data: dict, path: Path, method: str, k: int) -> list[str]:
         "sample_from_anchor",
     )
     checks = _require(data, path, method, keys)
+    if method == "dflash":
+        # vLLM 0.32.0 (vllm/v1/worker/gpu/spec_decode/dflash/speculator.py) refuses this layout:
+        # its DFlash runner has a fixed [bonus anchor + N masks] query layout.
+        if data["sample_from_anchor"]:
+            raise DSparkError(
+                f"{path}: sample_from_anchor=true (slot 0 predicts the next token) is a layout vLLM's dflash "
+                "method refuses; serve this drafter with `dspark serve` or llama.cpp, or train a DFlash drafter "
+                "with --no-sample-from-anchor for vLLM"
+            )
+        # vLLM reads `dflash_config.causal = not sliding_window_non_causal` (default true when absent).
+        if data.get("sliding_window_non_causal") is False:
+            raise DSparkError(
+                f"{path}: sliding_window_non_causal=false makes vLLM run the draft block causally, not as trained; "
+                "re-export it with this version of `dspark export` (it writes true)"
+            )
+        checks.append("sample_from_anchor false and a bidirectional block, as vLLM's dflash runner reads them")
     drafts = data["block_size"] if data["sample_from_anchor"] else data["block_size"] - 1
     if not 1 <= k <= drafts:
         raise DSparkError(
