@@ -303,34 +303,45 @@ def datagen_cmd(
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap.")] = 256,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy responses.")] = 0.0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus filter when sampling.")] = 1.0,
-    batch_size: Annotated[int, typer.Option(min=1, help="Prompts generated together.")] = 8,
+    batch_size: Annotated[int, typer.Option(min=1, help="Prompts per static batch (generate engine).")] = 8,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     dtype: Annotated[
         DType,
         typer.Option(
-            help="Compute dtype. bfloat16 is ~2x faster on CPUs with AMX at batch 64, but its greedy text "
+            help="Compute dtype. bfloat16 is ~1.6-2x faster on CPUs with AVX512-BF16 or AMX, but its greedy text "
             "can differ from the float32 target's."
         ),
     ] = DType.float32,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="auto: continuous batching (slots) where the target allows, else generate; or slots, generate."
+        ),
+    ] = "auto",
+    slots: Annotated[int, typer.Option(min=1, help="Sequences decoded together (slots engine).")] = 64,
 ) -> None:
     """Regenerate responses with the target itself (self-distillation), tokenized with a loss mask."""
     from dspark.defaults import resolve_target
     from dspark.target import TargetModel
-    from dspark.training.datagen import read_prompts, self_distill
+    from dspark.training.datagen import encode_prompt, make_engine, read_prompts, self_distill
 
     try:
         rows = read_prompts(prompts, field)[:limit]
         tgt = TargetModel.from_pretrained(resolve_target(target), dtype=_torch_dtype(dtype))
-        n = self_distill(
+        longest = max((len(encode_prompt(tgt.tokenizer, p)) for p in rows), default=1)
+        gen = make_engine(
+            engine,
             tgt,
-            rows,
-            out,
+            slots=slots,
+            batch_size=batch_size,
+            max_prompt_len=longest,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_p=top_p,
-            batch_size=batch_size,
             seed=seed,
+            log=lambda m: typer.echo(m, err=True),
         )
+        n = self_distill(tgt, rows, out, engine=gen)
     except DSparkError as exc:
         _fail(str(exc))
     typer.echo(f"wrote {n} new rows to {out} ({len(rows)} prompts in all)")

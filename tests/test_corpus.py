@@ -249,3 +249,21 @@ def test_multi_turn_and_magpie_sources(tiny_target_dirs, tiny_targets, tmp_path)
     assert 1 <= len(made) <= 8 and len(set(made)) == len(made)
     with pytest.raises(DSparkError, match="chat template"):
         magpie_prefix(tok)
+
+
+def test_datagen_cli_engines_agree_in_fp32(tiny_target_dirs, tmp_path):
+    """`dspark datagen` with continuous batching writes the rows `generate` writes (fp32 greedy)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in ("def f(x):", "hello", "a b c", "import")))
+    outs = {}
+    for engine in ("slots", "generate"):
+        out = tmp_path / f"{engine}.jsonl"
+        args = ["datagen", "--prompts", str(prompts), "--out", str(out), "--target", str(tiny_target_dirs["llama"])]
+        result = runner.invoke(
+            app, [*args, "--engine", engine, "--max-new-tokens", "12", "--slots", "3", "--batch-size", "2"]
+        )
+        assert result.exit_code == 0, result.output
+        outs[engine] = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["id"])
+    assert [r["input_ids"] for r in outs["slots"]] == [r["input_ids"] for r in outs["generate"]]
+    assert {r["engine"] for r in outs["slots"]} == {"dspark-slots/float32"}
+    assert {r["engine"] for r in outs["generate"]} == {"dspark-generate/float32"}
