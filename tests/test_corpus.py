@@ -267,3 +267,20 @@ def test_datagen_cli_engines_agree_in_fp32(tiny_target_dirs, tmp_path):
     assert [r["input_ids"] for r in outs["slots"]] == [r["input_ids"] for r in outs["generate"]]
     assert {r["engine"] for r in outs["slots"]} == {"dspark-slots/float32"}
     assert {r["engine"] for r in outs["generate"]} == {"dspark-generate/float32"}
+
+
+def test_the_shipped_corpus_verifies_and_holds_no_benchmark_prompt():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "corpus"
+    corpora = [p.parent for p in root.glob("*/manifest.json")]
+    assert corpora, "the repo ships a corpus"
+    bench = benchmark_keys()
+    for directory in corpora:
+        corpus = Corpus(directory)
+        corpus.verify()
+        keys = corpus.keys()
+        assert len(keys) == corpus.rows  # no prompt twice
+        assert not keys & bench
+        for shard in corpus.shards:
+            assert shard["rows"] > 0 and shard["commit"] and shard["engines"]
