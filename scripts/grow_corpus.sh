@@ -6,7 +6,8 @@
 # of 1000 rows. Resumable: rerun after a stop. SIGTERM or Ctrl-C packs the answers so far into
 # a shard first; after a hard kill, `LIMIT=0 bash scripts/grow_corpus.sh` packs the work file.
 #   LIMIT=N     answer at most N new prompts this run
-#   SLOTS=N     sequences decoded together (default 128)
+#   SLOTS=N     sequences decoded together per worker (default 128)
+#   WORKERS=N   worker processes of one torch thread each (default 2: ~1.4x one two-threaded process)
 # Commit the new shards and corpus/*/manifest.json afterwards (each shard once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,5 +21,6 @@ if [ ! -f "$SHAREGPT" ]; then
 fi
 [ -f "$C/pool.jsonl" ] || .venv/bin/dspark corpus prompts --out "$C/pool.jsonl" --sharegpt "$SHAREGPT"
 exec .venv/bin/dspark corpus grow --corpus corpus/smollm2-135m-instruct --prompts "$C/pool.jsonl" \
-  --work "$C/work.jsonl" --slots "${SLOTS:-128}" --dtype bfloat16 --max-new-tokens 256 --shard-rows 1000 \
+  --work "$C/work.jsonl" --slots "${SLOTS:-128}" --workers "${WORKERS:-2}" --threads 1 --dtype bfloat16 \
+  --max-new-tokens 256 --shard-rows 1000 \
   ${LIMIT:+--limit "$LIMIT"}

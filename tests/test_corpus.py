@@ -284,3 +284,33 @@ def test_the_shipped_corpus_verifies_and_holds_no_benchmark_prompt():
         assert not keys & bench
         for shard in corpus.shards:
             assert shard["rows"] > 0 and shard["commit"] and shard["engines"]
+
+
+def test_grow_with_worker_processes_stores_the_same_rows(tiny_targets, tiny_target_dirs, tmp_path):
+    from dspark.corpus.grow import Workers
+
+    texts = [f"question {i}: {'x ' * i}" for i in range(9)]
+    pool = [{"prompt": t, "source": "s", "source_index": i} for i, t in enumerate(texts)]
+    kwargs = {"slots": 2, "max_new_tokens": 10, "max_prompt_len": 48}
+    alone = Corpus.create(tmp_path / "alone", target="tiny", tokenizer_sha256="t")
+    engine = make_engine("slots", tiny_targets["llama"], **kwargs)
+    grow(alone, pool, engine, work=tmp_path / "w1.jsonl", limit=None, shard_rows=4, meta=lambda: META, progress=False)
+    shared = Corpus.create(tmp_path / "shared", target="tiny", tokenizer_sha256="t")
+    spec = Workers(str(tiny_target_dirs["llama"]), "float32", count=2, threads=1, kind="slots", engine_kwargs=kwargs)
+    counts = grow(
+        shared,
+        pool,
+        spec,
+        work=tmp_path / "w2.jsonl",
+        limit=None,
+        shard_rows=4,
+        meta=lambda: META,
+        tokenizer=tiny_targets["llama"].tokenizer,
+        max_prompt_len=48,
+        progress=False,
+    )
+    assert counts["answered"] == 9 and shared.rows == 9
+    assert {r.prompt_key: r.input_ids for r in shared.iter_rows()} == {
+        r.prompt_key: r.input_ids for r in alone.iter_rows()
+    }
+    assert {r.engine for r in shared.iter_rows()} == {"dspark-slots/float32"}

@@ -153,7 +153,10 @@ def grow_cmd(
     max_prompt_len: Annotated[int, typer.Option(min=1, help="Longer prompts are left out.")] = 1024,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap.")] = 256,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (recorded as the rows' engine).")] = "bfloat16",
-    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (per worker; default: torch's).")] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Worker processes, each with its own engine (2 x --threads 1 on 2 cores).")
+    ] = 1,
 ) -> None:
     """Answer the pool's prompts not yet stored (greedy), in shards of --shard-rows; resumable."""
     import torch
@@ -189,17 +192,34 @@ def grow_cmd(
             n = pack_work(store, work, rows, meta) if rows else 0
             typer.echo(f"packed {n} answers from {work}; {store.rows} rows in {corpus}")
             return
-        tgt = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, dtype))
-        gen = make_engine(
-            engine,
-            tgt,
-            slots=slots,
-            batch_size=batch_size,
+        engine_kwargs = {
+            "slots": slots,
+            "batch_size": batch_size,
+            "max_prompt_len": max_prompt_len,
+            "max_new_tokens": max_new_tokens,
+        }
+        if workers > 1:
+            from transformers import AutoTokenizer
+
+            from dspark.corpus.grow import Workers
+
+            gen = Workers(str(target_dir), dtype, workers, threads or 1, engine, engine_kwargs)
+            tok = AutoTokenizer.from_pretrained(str(target_dir))
+        else:
+            tgt = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, dtype))
+            gen = make_engine(engine, tgt, **engine_kwargs, log=lambda m: typer.echo(m, err=True))
+            tok = None
+        counts = grow(
+            store,
+            pool,
+            gen,
+            work=work,
+            limit=limit,
+            shard_rows=shard_rows,
+            meta=meta,
+            tokenizer=tok,
             max_prompt_len=max_prompt_len,
-            max_new_tokens=max_new_tokens,
-            log=lambda m: typer.echo(m, err=True),
         )
-        counts = grow(store, pool, gen, work=work, limit=limit, shard_rows=shard_rows, meta=meta)
     except DSparkError as exc:
         _fail(str(exc))
     typer.echo(f"{counts}; {store.rows} rows, {store.tokens} tokens in {corpus}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from dspark.corpus import Corpus, Row, prompt_key
@@ -62,20 +63,94 @@ def pack_work(corpus: Corpus, work: Path, rows: list[dict], meta: Callable[[], d
     return len(fresh)
 
 
+@dataclass(frozen=True)
+class Workers:
+    """Answer in ``count`` worker processes of ``threads`` torch threads each, every one with its
+    own engine (``make_engine(kind, ...)`` over the target at ``target_dir`` in ``dtype``). On a
+    CPU, two single-threaded workers answer ~1.4x what one two-threaded process does."""
+
+    target_dir: str
+    dtype: str
+    count: int
+    threads: int = 1
+    kind: str = "auto"
+    engine_kwargs: dict | None = None
+
+
+def _worker(spec: Workers, windows: list[tuple[int, list[list[int]]]], queue) -> None:
+    try:
+        import torch
+
+        from dspark.target import TargetModel
+        from dspark.training.datagen import make_engine
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+        torch.set_num_threads(spec.threads)
+        target = TargetModel.from_pretrained(spec.target_dir, dtype=getattr(torch, spec.dtype))
+        engine = make_engine(spec.kind, target, **(spec.engine_kwargs or {}))
+        for index, prompts in windows:
+            for k, response in engine.run(prompts):
+                queue.put(("row", index, k, response, engine.name))
+        queue.put(("done",))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _parallel_answers(spec: Workers, windows: list[list[list[int]]]) -> Iterator[tuple[int, int, list[int], str]]:
+    """``(window, index in window, response, engine name)`` from ``spec.count`` workers, each
+    taking every count-th window; the workers stop when the generator is closed."""
+    import multiprocessing as mp
+    from queue import Empty
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue(maxsize=4096)
+    procs = []
+    for w in range(spec.count):
+        mine = [(i, windows[i]) for i in range(w, len(windows), spec.count)]
+        proc = ctx.Process(target=_worker, args=(spec, mine, queue), daemon=True)
+        proc.start()
+        procs.append(proc)
+    running = spec.count
+    try:
+        while running:
+            try:
+                msg = queue.get(timeout=5)
+            except Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise DSparkError(f"a datagen worker died (exit code {dead[0]})") from None
+                continue
+            if msg[0] == "row":
+                yield msg[1], msg[2], msg[3], msg[4]
+            elif msg[0] == "done":
+                running -= 1
+            else:
+                raise DSparkError(f"a datagen worker failed: {msg[1]}")
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(timeout=30)
+
+
 def grow(
     corpus: Corpus,
     pool: list[dict],
-    engine: GenerateEngine,
+    engine: GenerateEngine | Workers,
     *,
     work: str | Path,
     limit: int | None,
     shard_rows: int,
     meta: Callable[[], dict],
+    tokenizer=None,
+    max_prompt_len: int | None = None,
     progress: bool = True,
     log=print,
 ) -> dict:
-    """Answer up to ``limit`` new prompts of ``pool`` (all when None) with ``engine``; returns
-    counts. SIGTERM / Ctrl-C stop it cleanly: the answers so far are packed first."""
+    """Answer up to ``limit`` new prompts of ``pool`` (all when None) with ``engine`` (in this
+    process) or `Workers`; returns counts. SIGTERM / Ctrl-C stop it cleanly: the answers so
+    far are packed first."""
     from tqdm import tqdm
 
     work = Path(work)
@@ -98,8 +173,9 @@ def grow(
         stop["now"] = True
 
     previous = signal.signal(signal.SIGTERM, on_term)
-    tok = engine.target.tokenizer
-    limit_len = getattr(engine, "max_prompt_len", None)
+    in_process = not isinstance(engine, Workers)
+    tok = engine.target.tokenizer if in_process else tokenizer
+    limit_len = getattr(engine, "max_prompt_len", None) if in_process else max_prompt_len
     encoded, kept = [], []
     for p in todo:
         ids = encode_prompt(tok, p["prompt"])
@@ -108,42 +184,49 @@ def grow(
             kept.append(p)
     if len(kept) < len(todo):
         log(f"note: {len(todo) - len(kept)} prompts longer than {limit_len} tokens (or empty) were left out")
+    # Windows of shard_rows prompts, each sorted by length: sequences decoding together then
+    # have similar spans (attention reads every slot up to the longest), while every shard
+    # still holds the pool's mix of sources.
+    windows = [
+        sorted(range(start, min(start + shard_rows, len(kept))), key=lambda i: len(encoded[i]))
+        for start in range(0, len(kept), shard_rows)
+    ]
+    prompts = [[encoded[i] for i in w] for w in windows]
+    if in_process:
+        stream = ((w, k, r, engine.name) for w, batch in enumerate(prompts) for k, r in engine.run(batch))
+    else:
+        stream = _parallel_answers(engine, prompts)
     bar = tqdm(total=len(kept), desc="corpus", disable=not progress, unit="row")
     tokens = 0
     try:
         with work.open("a") as fh:
-            # Windows of shard_rows prompts, each sorted by length: sequences decoding together
-            # then have similar spans (attention reads every slot up to the longest), while
-            # every shard still holds the pool's mix of sources.
-            for start in range(0, len(kept), shard_rows):
-                window = sorted(range(start, min(start + shard_rows, len(kept))), key=lambda i: len(encoded[i]))
-                for k, response in engine.run([encoded[i] for i in window]):
-                    p, ids = kept[window[k]], encoded[window[k]]
-                    row = {
-                        "key": prompt_key(p["prompt"]),
-                        "source": p["source"],
-                        "source_index": p["source_index"],
-                        "input_ids": ids + response,
-                        "loss_mask": [0] * len(ids) + [1] * len(response),
-                        "engine": engine.name,
-                    }
-                    fh.write(json.dumps(row) + "\n")
-                    fh.flush()
-                    pending.append(row)
-                    counts["answered"] += 1
-                    tokens += len(response)
-                    bar.update(1)
-                    bar.set_postfix_str(f"{tokens / max(bar.format_dict['elapsed'], 1e-9):.0f} tok/s", refresh=False)
-                    if len(pending) >= shard_rows:
-                        counts["packed"] += pack_work(corpus, work, pending, meta)
-                        pending = []
-                    if stop["now"]:
-                        break
+            for w, k, response, name in stream:
+                p, ids = kept[windows[w][k]], encoded[windows[w][k]]
+                row = {
+                    "key": prompt_key(p["prompt"]),
+                    "source": p["source"],
+                    "source_index": p["source_index"],
+                    "input_ids": ids + response,
+                    "loss_mask": [0] * len(ids) + [1] * len(response),
+                    "engine": name,
+                }
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                pending.append(row)
+                counts["answered"] += 1
+                tokens += len(response)
+                bar.update(1)
+                bar.set_postfix_str(f"{tokens / max(bar.format_dict['elapsed'], 1e-9):.0f} tok/s", refresh=False)
+                if len(pending) >= shard_rows:
+                    counts["packed"] += pack_work(corpus, work, pending, meta)
+                    pending = []
                 if stop["now"]:
                     break
     except KeyboardInterrupt:
         log("interrupted: packing the answers so far")
     finally:
+        if hasattr(stream, "close"):
+            stream.close()
         bar.close()
         signal.signal(signal.SIGTERM, previous)
     if pending:
