@@ -319,14 +319,39 @@ def datagen_cmd(
         ),
     ] = "auto",
     slots: Annotated[int, typer.Option(min=1, help="Sequences decoded together (slots engine).")] = 64,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            help="URL of an OpenAI-compatible server that answers instead (vLLM, dspark serve); prompts go as "
+            "token ids, answers come back as token ids (vLLM's return_token_ids). --target gives the tokenizer."
+        ),
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight with --server.")] = 16,
+    model: Annotated[str | None, typer.Option(help="Model name for --server (default: its first model).")] = None,
 ) -> None:
     """Regenerate responses with the target itself (self-distillation), tokenized with a loss mask."""
     from dspark.defaults import resolve_target
     from dspark.target import TargetModel
-    from dspark.training.datagen import encode_prompt, make_engine, read_prompts, self_distill
+    from dspark.training.datagen import ServerEngine, encode_prompt, make_engine, read_prompts, self_distill
 
     try:
         rows = read_prompts(prompts, field)[:limit]
+        if server:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(resolve_target(target)))
+            gen = ServerEngine(
+                server,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed,
+                concurrency=concurrency,
+                model=model,
+            )
+            n = self_distill(None, rows, out, engine=gen, tokenizer=tok)
+            typer.echo(f"wrote {n} new rows to {out} ({len(rows)} prompts in all; answered by {gen.name})")
+            return
         tgt = TargetModel.from_pretrained(resolve_target(target), dtype=_torch_dtype(dtype))
         longest = max((len(encode_prompt(tgt.tokenizer, p)) for p in rows), default=1)
         gen = make_engine(

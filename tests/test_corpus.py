@@ -314,3 +314,42 @@ def test_grow_with_worker_processes_stores_the_same_rows(tiny_targets, tiny_targ
         r.prompt_key: r.input_ids for r in alone.iter_rows()
     }
     assert {r.engine for r in shared.iter_rows()} == {"dspark-slots/float32"}
+
+
+def test_server_engine_names_a_server_without_token_ids():
+    """A server that answers text only is refused by name (no silent re-tokenization)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from dspark.training.datagen import ServerEngine
+
+    class TextOnly(BaseHTTPRequestHandler):
+        def _send(self, body):
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send({"data": [{"id": "text-only"}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            self._send({"choices": [{"text": "hi", "finish_reason": "stop"}]})
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), TextOnly)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        engine = ServerEngine(f"http://127.0.0.1:{httpd.server_port}/v1", max_new_tokens=4, concurrency=2)
+        assert engine.name == "server/text-only"
+        with pytest.raises(DSparkError, match="no token_ids"):
+            list(engine.run([[1, 2], [3]]))
+    finally:
+        httpd.shutdown()
+    with pytest.raises(DSparkError, match="no usable answer"):
+        ServerEngine("http://127.0.0.1:9/v1", max_new_tokens=4)  # nothing listens there

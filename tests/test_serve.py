@@ -495,3 +495,38 @@ def test_vllm_reads_our_block_drafters_as_we_mean_them(chat_target, tmp_path):
     from dspark.model.config import DSparkConfig
 
     assert DSparkConfig.load(old.parent).block_size == DSparkConfig.load(tmp_path / "dflash-spec").block_size
+
+
+def test_datagen_through_a_server_gets_the_in_process_rows(server, chat_target, tmp_path):
+    """`dspark datagen --server`: prompts sent as token ids, answers taken as token ids (vLLM's
+    return_token_ids, which dspark serve speaks too); greedy rows equal in-process datagen's."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": t}) + "\n" for t in ("def f(x):", "hello there", "a b a b", "1 2 3"))
+    )
+    rows = {}
+    for name, extra in (
+        ("server", ["--server", server + "/v1", "--concurrency", "3"]),
+        ("local", ["--engine", "generate"]),
+    ):
+        out = tmp_path / f"{name}.jsonl"
+        args = [
+            "datagen",
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(out),
+            "--target",
+            str(chat_target),
+            "--max-new-tokens",
+            "12",
+        ]
+        result = runner.invoke(app, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        rows[name] = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["id"])
+    assert [r["input_ids"] for r in rows["server"]] == [r["input_ids"] for r in rows["local"]]
+    assert [r["loss_mask"] for r in rows["server"]] == [r["loss_mask"] for r in rows["local"]]
+    assert {r["engine"] for r in rows["server"]} == {"server/target"}
+    # A server that cannot return token ids is named, not silently re-tokenized.
+    body = {"prompt": [5, 6], "max_tokens": 2, "stream": True, "return_token_ids": True}
+    assert httpx.post(server + "/v1/completions", json=body, timeout=30).status_code == 400

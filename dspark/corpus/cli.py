@@ -157,6 +157,10 @@ def grow_cmd(
     workers: Annotated[
         int, typer.Option(min=1, help="Worker processes, each with its own engine (2 x --threads 1 on 2 cores).")
     ] = 1,
+    server: Annotated[
+        str | None, typer.Option(help="OpenAI-compatible server (vLLM, dspark serve) that answers instead.")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight with --server.")] = 64,
 ) -> None:
     """Answer the pool's prompts not yet stored (greedy), in shards of --shard-rows; resumable."""
     import torch
@@ -198,7 +202,14 @@ def grow_cmd(
             "max_prompt_len": max_prompt_len,
             "max_new_tokens": max_new_tokens,
         }
-        if workers > 1:
+        if server:
+            from transformers import AutoTokenizer
+
+            from dspark.training.datagen import ServerEngine
+
+            gen = ServerEngine(server, max_new_tokens=max_new_tokens, concurrency=concurrency)
+            tok = AutoTokenizer.from_pretrained(str(target_dir))
+        elif workers > 1:
             from transformers import AutoTokenizer
 
             from dspark.corpus.grow import Workers

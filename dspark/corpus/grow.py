@@ -18,7 +18,7 @@ from pathlib import Path
 from dspark.corpus import Corpus, Row, prompt_key
 from dspark.errors import DSparkError
 from dspark.io import atomic_write_text, sha256_file
-from dspark.training.datagen import GenerateEngine, encode_prompt, read_rows_resumable
+from dspark.training.datagen import GenerateEngine, ServerEngine, encode_prompt, read_rows_resumable
 
 
 def read_pool(path: str | Path) -> list[dict]:
@@ -137,7 +137,7 @@ def _parallel_answers(spec: Workers, windows: list[list[list[int]]]) -> Iterator
 def grow(
     corpus: Corpus,
     pool: list[dict],
-    engine: GenerateEngine | Workers,
+    engine: GenerateEngine | ServerEngine | Workers,
     *,
     work: str | Path,
     limit: int | None,
@@ -174,8 +174,8 @@ def grow(
 
     previous = signal.signal(signal.SIGTERM, on_term)
     in_process = not isinstance(engine, Workers)
-    tok = engine.target.tokenizer if in_process else tokenizer
-    limit_len = getattr(engine, "max_prompt_len", None) if in_process else max_prompt_len
+    tok = tokenizer if tokenizer is not None else engine.target.tokenizer
+    limit_len = max_prompt_len if max_prompt_len is not None else getattr(engine, "max_prompt_len", None)
     encoded, kept = [], []
     for p in todo:
         ids = encode_prompt(tok, p["prompt"])

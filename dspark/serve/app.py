@@ -204,6 +204,9 @@ def create_app(worker: Worker, tokenizer, metrics: Metrics, config: ServerConfig
                 choice["message"] = {"role": "assistant", "content": "".join(text)}
             else:
                 choice["text"] = "".join(text)
+            if req.return_token_ids:
+                choice["token_ids"] = list(result.tokens) if result else []
+                choice["prompt_token_ids"] = list(job.prompt_ids)
             return {
                 "id": rid,
                 "object": obj,

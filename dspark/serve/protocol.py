@@ -31,6 +31,9 @@ class _Request(BaseModel):
     logit_bias: dict[str, float] | None = None
     logprobs: Any = None
     user: str | None = None
+    # vLLM's extension: the choice carries the generated `token_ids` and the `prompt_token_ids`
+    # (what `dspark datagen --server` asks for, so text is never re-tokenized).
+    return_token_ids: bool = False
 
     @field_validator("n")
     @classmethod
@@ -68,6 +71,8 @@ class _Request(BaseModel):
             raise ValueError("logprobs are not supported")
         if self.stream_options and not self.stream:
             raise ValueError("stream_options needs stream=true")
+        if self.return_token_ids and self.stream:
+            raise ValueError("return_token_ids is supported without stream only")
         return self
 
     @property

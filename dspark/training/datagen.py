@@ -134,6 +134,93 @@ class SlotEngine(GenerateEngine):
         )
 
 
+class ServerEngine:
+    """An OpenAI-compatible server answers (vLLM, `dspark serve`, any that takes a prompt of
+    token ids on ``/v1/completions`` and returns vLLM's ``token_ids`` with ``return_token_ids``):
+    ``concurrency`` requests in flight, prompts sent as token ids and answers received as token
+    ids, so nothing is re-tokenized. Answers come back in completion order."""
+
+    kind = "server"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        concurrency: int = 16,
+        model: str | None = None,
+        stop_ids: set[int] | None = None,
+        timeout: float = 600.0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        if self.url.endswith("/v1"):
+            self.url = self.url[: -len("/v1")]
+        self.max_new_tokens, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
+        self.concurrency, self.timeout, self.stop_ids = concurrency, timeout, set(stop_ids or ())
+        self.model = model or self._served_model()
+
+    @property
+    def name(self) -> str:
+        return f"server/{self.model}"
+
+    def _post(self, path: str, body: dict | None = None) -> dict:
+        import urllib.error
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise DSparkError(f"{self.url}{path}: HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
+            raise DSparkError(f"{self.url}{path}: no usable answer ({exc})") from None
+
+    def _served_model(self) -> str:
+        models = self._post("/v1/models").get("data") or []
+        if not models:
+            raise DSparkError(f"{self.url}/v1/models lists no model; pass --model")
+        return str(models[0]["id"])
+
+    def answer(self, index: int, prompt: list[int]) -> list[int]:
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed + index,
+            "return_token_ids": True,
+        }
+        choice = (self._post("/v1/completions", body).get("choices") or [{}])[0]
+        ids = choice.get("token_ids")
+        if not isinstance(ids, list):
+            raise DSparkError(
+                f"{self.url}: the completion carries no token_ids; the server must support vLLM's return_token_ids"
+            )
+        return [int(t) for t in ids]
+
+    def run(self, prompts: list[list[int]]) -> Iterator[tuple[int, list[int]]]:
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+        from itertools import islice
+
+        todo = iter(enumerate(prompts))
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            running = {pool.submit(self.answer, i, p): i for i, p in islice(todo, self.concurrency)}
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    index = running.pop(fut)
+                    yield index, fut.result()
+                    for i, p in islice(todo, 1):
+                        running[pool.submit(self.answer, i, p)] = i
+
+
 ENGINES = ("auto", "slots", "generate")
 
 
@@ -168,7 +255,8 @@ def self_distill(
     batch_size: int = 8,
     seed: int = 0,
     progress: bool = True,
-    engine: GenerateEngine | None = None,
+    engine: GenerateEngine | ServerEngine | None = None,
+    tokenizer=None,
 ) -> int:
     """Append one row per prompt not yet in ``out_path``; returns how many rows were written.
     ``engine`` (default: `GenerateEngine` with ``batch_size``) generates; its name is recorded
@@ -178,7 +266,7 @@ def self_distill(
     out = Path(out_path)
     done = {row["id"] for row in read_rows_resumable(out) if "id" in row}
     todo = [i for i in range(len(prompts)) if i not in done]
-    tok = target.tokenizer
+    tok = tokenizer if tokenizer is not None else target.tokenizer
     engine = engine or GenerateEngine(
         target, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size
     )
