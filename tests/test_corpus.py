@@ -353,3 +353,21 @@ def test_server_engine_names_a_server_without_token_ids():
         httpd.shutdown()
     with pytest.raises(DSparkError, match="no usable answer"):
         ServerEngine("http://127.0.0.1:9/v1", max_new_tokens=4)  # nothing listens there
+
+
+def test_corpus_bench_compares_engines_on_the_same_prompts(tiny_target_dirs, tmp_path):
+    out = tmp_path / "bench.json"
+    engines = "generate/float32/2,slots/float32/3,slots/float32/2x2"
+    args = ["corpus", "bench", "--engines", engines, "--rows", "5", "--max-new-tokens", "8"]
+    result = runner.invoke(app, [*args, "--target", str(tiny_target_dirs["llama"]), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "Each" not in result.output and "identical:" in result.output  # the table's legend
+    report = json.loads(out.read_text())
+    rows = {r["spec"]: r for r in report["rows"]}
+    assert set(rows) == {"generate/float32/2", "slots/float32/3", "slots/float32/2x2"}
+    assert rows["generate/float32/2"]["reference"] and report["provenance"]["commit"]
+    for spec in ("slots/float32/3", "slots/float32/2x2"):  # fp32: the same greedy answers
+        assert rows[spec]["identical_to_reference"] == 5 and rows[spec]["token_agreement"] == 1.0
+    assert rows["slots/float32/2x2"]["workers"] == 2
+    bad = runner.invoke(app, ["corpus", "bench", "--engines", "slots/float16/2"])
+    assert bad.exit_code == 2 and "KIND/DTYPE/N" in bad.output

@@ -21,10 +21,11 @@ class EngineSpec:
     kind: str
     dtype: str
     size: int
+    workers: int = 1  # `xW` suffix: W single-threaded worker processes, each with `size` slots or batch
 
     @property
     def label(self) -> str:
-        return f"{self.kind}/{self.dtype}/{self.size}"
+        return f"{self.kind}/{self.dtype}/{self.size}" + (f"x{self.workers}" if self.workers > 1 else "")
 
 
 def parse_engines(text: str) -> list[EngineSpec]:
@@ -33,13 +34,14 @@ def parse_engines(text: str) -> list[EngineSpec]:
         parts = item.split("/")
         if len(parts) != 3 or parts[0] not in ("generate", "slots") or parts[1] not in ("float32", "bfloat16"):
             raise DSparkError(f"--engines {item!r}: expected KIND/DTYPE/N, KIND generate|slots, DTYPE float32|bfloat16")
+        size_text, _, workers_text = parts[2].partition("x")
         try:
-            size = int(parts[2])
+            size, workers = int(size_text), int(workers_text or 1)
         except ValueError:
-            raise DSparkError(f"--engines {item!r}: N must be an integer") from None
-        if size < 1:
-            raise DSparkError(f"--engines {item!r}: N must be >= 1")
-        specs.append(EngineSpec(parts[0], parts[1], size))
+            raise DSparkError(f"--engines {item!r}: N (or NxW) must be integers") from None
+        if size < 1 or workers < 1:
+            raise DSparkError(f"--engines {item!r}: N and W must be >= 1")
+        specs.append(EngineSpec(parts[0], parts[1], size, workers))
     if not specs:
         raise DSparkError("--engines: name at least one engine")
     return specs
@@ -65,21 +67,43 @@ def run_datagen_bench(
     for spec in specs:
         target = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, spec.dtype))
         encoded = [encode_prompt(target.tokenizer, p) for p in prompts]
-        common = {"max_new_tokens": max_new_tokens}
-        if spec.kind == "slots":
-            engine = SlotEngine(
-                target, slots=spec.size, max_prompt_len=max(max_prompt_len, *map(len, encoded)), **common
+        longest = max(max_prompt_len, *map(len, encoded))
+        if spec.workers > 1:
+            from dspark.corpus.grow import Workers, parallel_answers
+
+            kwargs = {"slots": spec.size, "batch_size": spec.size, "max_prompt_len": longest}
+            workers = Workers(
+                str(target_dir), spec.dtype, spec.workers, 1, spec.kind, {**kwargs, "max_new_tokens": max_new_tokens}
             )
+            # Each worker takes every W-th prompt by length (one window each), as `corpus grow`
+            # sorts its windows; the clock includes the workers' start-up.
+            order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+            windows = [order[w :: spec.workers] for w in range(spec.workers)]
+            log(f"{spec.label}: {len(encoded)} prompts ...")
+            start = time.perf_counter()
+            answers, names = {}, set()
+            for w, k, response, name in parallel_answers(workers, [[encoded[i] for i in win] for win in windows]):
+                answers[windows[w][k]] = response
+                names.add(name)
+            seconds = time.perf_counter() - start
+            engine_name = ",".join(sorted(names))
         else:
-            engine = GenerateEngine(target, batch_size=spec.size, **common)
-        log(f"{spec.label}: {len(encoded)} prompts ...")
-        start = time.perf_counter()
-        answers = dict(engine.run(encoded))
-        seconds = time.perf_counter() - start
+            common = {"max_new_tokens": max_new_tokens}
+            if spec.kind == "slots":
+                engine = SlotEngine(target, slots=spec.size, max_prompt_len=longest, **common)
+            else:
+                engine = GenerateEngine(target, batch_size=spec.size, **common)
+            log(f"{spec.label}: {len(encoded)} prompts ...")
+            start = time.perf_counter()
+            answers = dict(engine.run(encoded))
+            seconds = time.perf_counter() - start
+            engine_name = engine.name
+            del engine
         tokens = sum(len(a) for a in answers.values())
         row = {
-            "engine": engine.name,
+            "engine": engine_name,
             "spec": spec.label,
+            "workers": spec.workers,
             "prompts": len(encoded),
             "seconds": seconds,
             "responses_per_minute": len(encoded) / seconds * 60,
@@ -96,7 +120,7 @@ def run_datagen_bench(
             row["token_agreement"] = sum(n for _, n in same) / ref_tokens if ref_tokens else 1.0
         rows.append(row)
         log(f"{spec.label}: {row['responses_per_minute']:.1f} responses/min, {row['tokens_per_second']:.0f} tok/s")
-        del engine, target
+        del target
     base = rows[0]["responses_per_minute"]
     for row in rows:
         row["speedup"] = row["responses_per_minute"] / base

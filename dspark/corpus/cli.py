@@ -307,7 +307,10 @@ def export_cmd(
 @app.command("bench")
 def bench_cmd(
     engines: Annotated[
-        str, typer.Option(help="Comma list of KIND/DTYPE/N (generate|slots, float32|bfloat16, batch or slots).")
+        str,
+        typer.Option(
+            help="Comma list of KIND/DTYPE/N[xW]: generate or slots, float32 or bfloat16, batch or slots, W workers."
+        ),
     ] = "generate/float32/32,slots/bfloat16/64",
     dataset: Annotated[str, typer.Option(help="Training prompt set (not a benchmark).")] = "gsm8k_train",
     rows: Annotated[int, typer.Option(min=1, help="Prompts.")] = 64,

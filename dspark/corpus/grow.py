@@ -96,7 +96,7 @@ def _worker(spec: Workers, windows: list[tuple[int, list[list[int]]]], queue) ->
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _parallel_answers(spec: Workers, windows: list[list[list[int]]]) -> Iterator[tuple[int, int, list[int], str]]:
+def parallel_answers(spec: Workers, windows: list[list[list[int]]]) -> Iterator[tuple[int, int, list[int], str]]:
     """``(window, index in window, response, engine name)`` from ``spec.count`` workers, each
     taking every count-th window; the workers stop when the generator is closed."""
     import multiprocessing as mp
@@ -195,7 +195,7 @@ def grow(
     if in_process:
         stream = ((w, k, r, engine.name) for w, batch in enumerate(prompts) for k, r in engine.run(batch))
     else:
-        stream = _parallel_answers(engine, prompts)
+        stream = parallel_answers(engine, prompts)
     bar = tqdm(total=len(kept), desc="corpus", disable=not progress, unit="row")
     tokens = 0
     try:
