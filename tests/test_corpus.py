@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from dspark.cli import app
-from dspark.corpus import Corpus, CorpusError, Row, prompt_key
+from dspark.corpus import Corpus, CorpusError, Row, is_heldout, prompt_key
 from dspark.corpus.grow import grow, read_pool
 from dspark.corpus.prompts import benchmark_keys, build_pool
 from dspark.datasets import load_prompts
@@ -184,11 +184,18 @@ def test_grow_packs_shards_resumes_and_trains(tiny_targets, tiny_target_dirs, tm
     assert len(load_examples(tmp_path / "c")) == 10  # training reads the corpus directly
     out = tmp_path / "rows.jsonl"
     result = runner.invoke(
-        app, ["corpus", "export", str(tmp_path / "c"), "--out", str(out), "--skip", "2", "--rows", "5"]
+        app, ["corpus", "export", str(tmp_path / "c"), "--out", str(out), "--rows", "5", "--seed", "1"]
     )
     assert result.exit_code == 0, result.output
     exported = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [e["input_ids"] for e in exported] == [r.input_ids for r in list(corpus.iter_rows())[2:7]]
+    assert [e["input_ids"] for e in exported] == [r.input_ids for r in corpus.select("all", 5, seed=1)]
+    assert [r.input_ids for r in corpus.select("all", 5, seed=1)] != [r.input_ids for r in corpus.select("all", 5)]
+    # train and heldout split every row between them, by the prompt alone.
+    train, held = corpus.select("train"), corpus.select("heldout")
+    assert len(train) + len(held) == 10 and not {r.prompt_key for r in train} & {r.prompt_key for r in held}
+    assert all(is_heldout(r.prompt_key) for r in held)
+    bad = runner.invoke(app, ["corpus", "export", str(tmp_path / "c"), "--out", str(tmp_path / "x"), "--split", "dev"])
+    assert bad.exit_code == 2 and "split 'dev'" in bad.output
     status = runner.invoke(app, ["corpus", "status", str(tmp_path / "c"), "--verify", "--json"])
     assert status.exit_code == 0 and json.loads(status.output.splitlines()[0])["rows"] == 10
 

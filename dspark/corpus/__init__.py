@@ -37,6 +37,14 @@ from dspark.io import atomic_write, atomic_write_text, sha256_file
 
 FORMAT = "dspark-corpus/1"
 MANIFEST = "manifest.json"
+HELDOUT_EVERY = 64  # a row is held out when its prompt key falls in bucket 0 of 64 (~1.6%)
+SPLITS = ("all", "train", "heldout")
+
+
+def is_heldout(key: str) -> bool:
+    """The held-out split, fixed by the prompt alone: it stays the same as the corpus grows
+    and whatever order rows were added in."""
+    return int(key[:8], 16) % HELDOUT_EVERY == 0
 
 
 def prompt_key(prompt) -> str:
@@ -174,6 +182,19 @@ class Corpus:
                     engine=str(data["engine"][i]),
                 )
                 n += 1
+
+    def select(self, split: str = "all", rows: int | None = None, seed: int | None = None) -> list[Row]:
+        """The rows of ``split`` (all / train / heldout), in the order they were added or, with
+        ``seed``, in a seeded random order (a sample of ``rows`` that does not favour the
+        first shards, whose rows are the shorter prompts of their windows); the first ``rows``."""
+        if split not in SPLITS:
+            raise CorpusError(f"split {split!r}: choose one of {', '.join(SPLITS)}")
+        chosen = [r for r in self.iter_rows() if split == "all" or (is_heldout(r.prompt_key) == (split == "heldout"))]
+        if seed is not None:
+            import random
+
+            random.Random(seed).shuffle(chosen)
+        return chosen[:rows] if rows is not None else chosen
 
     # ------------------------------------------------------------------ appending
     def append(self, rows: Iterable[Row], *, command: str, commit: str | None, created_utc: str) -> dict | None:

@@ -269,8 +269,13 @@ def status_cmd(
 def export_cmd(
     corpus: Annotated[Path, typer.Argument(help="Corpus directory.")],
     out: Annotated[Path, typer.Option(help="JSONL rows {input_ids, loss_mask, source, engine} for training.")],
-    rows: Annotated[int | None, typer.Option(min=1, help="The first N rows (in the order they were added).")] = None,
-    skip: Annotated[int, typer.Option(min=0, help="Leave out the first N rows (held-out rows come first).")] = 0,
+    split: Annotated[
+        str, typer.Option(help="all, train, or heldout (1 prompt in 64, fixed by the prompt: for `dspark evaluate`).")
+    ] = "all",
+    rows: Annotated[int | None, typer.Option(min=1, help="At most N rows.")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Take the rows in this seed's random order (a fair sample), not as added.")
+    ] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
 ) -> None:
     """Write corpus rows as the training JSONL the other commands read."""
@@ -280,28 +285,19 @@ def export_cmd(
     try:
         if out.exists() and not force:
             raise DSparkError(f"{out} exists; pass --force to replace it (nothing was written)")
-        store = Corpus(corpus)
-        count = 0
+        chosen = Corpus(corpus).select(split, rows, seed)
 
         def write(tmp: str) -> None:
-            nonlocal count
             with open(tmp, "w") as fh:
-                for i, r in enumerate(store.iter_rows(None if rows is None else skip + rows)):
-                    if i < skip:
-                        continue
-                    fh.write(
-                        json.dumps(
-                            {"input_ids": r.input_ids, "loss_mask": r.loss_mask, "source": r.source, "engine": r.engine}
-                        )
-                        + "\n"
-                    )
-                    count += 1
+                for r in chosen:
+                    row = {"input_ids": r.input_ids, "loss_mask": r.loss_mask, "source": r.source, "engine": r.engine}
+                    fh.write(json.dumps(row) + "\n")
 
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, write)
     except DSparkError as exc:
         _fail(str(exc))
-    typer.echo(f"wrote {count} rows to {out}")
+    typer.echo(f"wrote {len(chosen)} rows ({split}) to {out}")
 
 
 @app.command("bench")
