@@ -332,7 +332,8 @@ def datagen_cmd(
     """Regenerate responses with the target itself (self-distillation), tokenized with a loss mask."""
     from dspark.defaults import resolve_target
     from dspark.target import TargetModel
-    from dspark.training.datagen import ServerEngine, encode_prompt, make_engine, read_prompts, self_distill
+    from dspark.target.prompts import encode_prompt
+    from dspark.training.datagen import ServerEngine, make_engine, read_prompts, self_distill
 
     try:
         rows = read_prompts(prompts, field)[:limit]
@@ -966,15 +967,11 @@ def plot(
 
 
 def _encode(target, prompt: str, chat: bool):
-    tok = target.tokenizer
-    if tok is None:
+    from dspark.target.prompts import encode_prompt
+
+    if target.tokenizer is None:
         raise DSparkError(f"{target.name}: no tokenizer found, cannot encode --prompt")
-    if chat and getattr(tok, "chat_template", None):
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
-    ids = tok(prompt, add_special_tokens=True)["input_ids"]
+    ids = encode_prompt(target.tokenizer, prompt, chat=chat)
     if not ids:
         raise DSparkError("the prompt encodes to zero tokens")
     return ids

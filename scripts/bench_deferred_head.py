@@ -43,7 +43,7 @@ def main() -> None:
     from dspark.decoding.sampling import SamplingParams
     from dspark.defaults import default_draft_dir, resolve_target
     from dspark.target import TargetModel
-    from dspark.training.datagen import encode_prompt
+    from dspark.target.prompts import encode_prompt
 
     target = TargetModel.from_pretrained(resolve_target(args.target))
     methods = [m for m in args.methods.split(",") if m]

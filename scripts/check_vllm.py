@@ -139,7 +139,7 @@ def main() -> None:
     from dspark.defaults import cache_root, resolve_target
     from dspark.serve.vllm import vllm_handoff
     from dspark.target import TargetModel
-    from dspark.training.datagen import encode_prompt
+    from dspark.target.prompts import encode_prompt
 
     torch.set_num_threads(2)
     started = provenance(seed=0)  # before the run (after the thread count it records)

@@ -49,7 +49,7 @@ def main() -> None:
     from dspark.decoding.sampling import SamplingParams
     from dspark.defaults import resolve_target
     from dspark.target import TargetModel
-    from dspark.training.datagen import encode_prompt
+    from dspark.target.prompts import encode_prompt
 
     target = TargetModel.from_pretrained(resolve_target(args.target))
     gen = torch.Generator().manual_seed(0)

@@ -16,9 +16,10 @@ from dspark.corpus.grow import grow, read_pool
 from dspark.corpus.prompts import benchmark_keys, build_pool
 from dspark.datasets import load_prompts
 from dspark.errors import DSparkError
+from dspark.target.prompts import encode_prompt
 from dspark.target.slots import SlotDecoder, SlotDecoderUnsupportedError, continuous_generate
 from dspark.training.data import load_examples
-from dspark.training.datagen import GenerateEngine, SlotEngine, encode_prompt, make_engine
+from dspark.training.datagen import GenerateEngine, SlotEngine, make_engine
 
 runner = CliRunner()
 META = {"command": "test", "commit": None, "created_utc": "2026-12-05T00:00:00Z"}

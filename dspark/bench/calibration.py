@@ -19,7 +19,7 @@ from dspark.datasets import load_prompts
 from dspark.decoding.factory import make_drafter, make_engine
 from dspark.decoding.sampling import SamplingParams
 from dspark.errors import DSparkError
-from dspark.training.datagen import encode_prompt
+from dspark.target.prompts import encode_prompt
 
 Record = tuple[int, float, bool]  # (slot k, confidence c_k, accepted)
 

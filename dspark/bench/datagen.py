@@ -61,7 +61,8 @@ def run_datagen_bench(
     target_dir, prompts: list, specs: list[EngineSpec], *, max_new_tokens: int, max_prompt_len: int = 1024, log=print
 ) -> list[dict]:
     from dspark.target import TargetModel
-    from dspark.training.datagen import GenerateEngine, SlotEngine, encode_prompt
+    from dspark.target.prompts import encode_prompt
+    from dspark.training.datagen import GenerateEngine, SlotEngine
 
     rows, reference = [], None
     for spec in specs:

@@ -18,7 +18,7 @@ from dspark.datasets import load_prompts
 from dspark.decoding.factory import DRAFTER_METHODS, make_drafter, make_engine
 from dspark.decoding.sampling import SamplingParams
 from dspark.errors import DSparkError
-from dspark.training.datagen import encode_prompt
+from dspark.target.prompts import encode_prompt
 
 
 @dataclass

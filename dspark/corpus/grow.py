@@ -18,7 +18,8 @@ from pathlib import Path
 from dspark.corpus import Corpus, Row, prompt_key
 from dspark.errors import DSparkError
 from dspark.io import atomic_write_text, sha256_file
-from dspark.training.datagen import GenerateEngine, ServerEngine, encode_prompt, read_rows_resumable
+from dspark.target.prompts import encode_prompt
+from dspark.training.datagen import GenerateEngine, ServerEngine, read_rows_resumable
 
 
 def read_pool(path: str | Path) -> list[dict]:

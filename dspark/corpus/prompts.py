@@ -118,7 +118,7 @@ def followup_prompts(
 def magpie_prefix(tokenizer) -> list[int]:
     """The chat template up to where a user's message starts (the Magpie method: the target,
     given only this, writes a user turn itself)."""
-    from dspark.training.datagen import encode_prompt
+    from dspark.target.prompts import encode_prompt
 
     marker = "\u2063MAGPIE\u2063"
     with_marker = encode_prompt(tokenizer, marker)

@@ -22,7 +22,7 @@ from dspark.decoding.sampling import SamplingParams
 from dspark.serve.metrics import Metrics
 from dspark.serve.protocol import ChatCompletionRequest, CompletionRequest
 from dspark.serve.worker import Job, QueueFullError, ShuttingDownError, Worker
-from dspark.training.datagen import encode_prompt
+from dspark.target.prompts import encode_prompt
 
 
 @dataclass

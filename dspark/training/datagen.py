@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from dspark.errors import DSparkError
+from dspark.target.prompts import encode_prompt
 
 
 def read_prompts(path: str | Path, field: str | None = None) -> list:
@@ -42,17 +43,6 @@ def read_prompts(path: str | Path, field: str | None = None) -> list:
         else:
             raise DSparkError(f"{src}:{n}: no prompt field (messages, prompt, question, problem, turns, text)")
     return prompts
-
-
-def encode_prompt(tokenizer, prompt) -> list[int]:
-    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
-    text = "\n".join(m["content"] for m in messages)
-    return list(tokenizer(text)["input_ids"])
 
 
 class GenerateEngine:
