@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from dspark.defaults import DEFAULT_DRAFT_TOKENS
 from dspark.errors import DSparkError
 
 app = typer.Typer(
@@ -201,7 +202,8 @@ def generate_cmd(
     top_k: Annotated[int, typer.Option(min=0, help="Top-k filter (0 = off).")] = 0,
     seed: Annotated[int, typer.Option(help="Seed of the sampling generator.")] = 0,
     num_speculative_tokens: Annotated[
-        int | None, typer.Option(help="Drafts verified per step (default: min(7, drafts per block)).")
+        int | None,
+        typer.Option(help=f"Drafts verified per step (default: min({DEFAULT_DRAFT_TOKENS}, drafts per block))."),
     ] = None,
     confidence_threshold: ConfidenceThresholdOption = None,
     cost_model: CostModelOption = None,
@@ -454,7 +456,9 @@ def evaluate_cmd(
     skip: Annotated[int, typer.Option(min=0, help="Leave out the first SKIP rows (e.g. the ones trained on).")] = 0,
     rows: Annotated[int, typer.Option(min=1, help="Rows to evaluate after SKIP.")] = 64,
     anchors: Annotated[int, typer.Option(min=1, help="Blocks sampled per row.")] = 32,
-    n: Annotated[int, typer.Option(min=1, help="Draft length counted (at most the block's drafts).")] = 7,
+    n: Annotated[
+        int, typer.Option(min=1, help="Draft length counted (at most the block's drafts).")
+    ] = DEFAULT_DRAFT_TOKENS,
     max_len: Annotated[int, typer.Option(min=2, help="Cut each row to this many tokens.")] = 512,
     seed: Annotated[int, typer.Option(help="Anchor sampling seed.")] = 0,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
@@ -673,7 +677,7 @@ def serve_cmd(
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8000,
     num_speculative_tokens: Annotated[
         int, typer.Option(min=0, help="Drafts verified per step; 0 serves plain decoding.")
-    ] = 7,
+    ] = DEFAULT_DRAFT_TOKENS,
     max_concurrency: Annotated[
         int, typer.Option(min=1, help="Requests admitted at once (one decodes, the rest wait); more get 429.")
     ] = 16,
@@ -708,7 +712,7 @@ def serve_cmd(
             info = vllm_handoff(
                 draft_dir,
                 target_dir,
-                num_speculative_tokens=num_speculative_tokens or 7,
+                num_speculative_tokens=num_speculative_tokens or DEFAULT_DRAFT_TOKENS,
                 host=host,
                 port=port,
                 max_model_len=max_model_len,
@@ -745,7 +749,9 @@ def serve_cmd(
 def vllm_config_cmd(
     draft: Annotated[Path, typer.Argument(help="Drafter checkpoint in the speculators format.")],
     target: Annotated[Path | None, typer.Option(help="Target model path or hub id vLLM will serve.")] = None,
-    num_speculative_tokens: Annotated[int, typer.Option(min=1, help="Drafts per step for vLLM.")] = 7,
+    num_speculative_tokens: Annotated[
+        int, typer.Option(min=1, help="Drafts per step for vLLM.")
+    ] = DEFAULT_DRAFT_TOKENS,
     host: Annotated[str, typer.Option(help="Address for vllm serve.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port for vllm serve.")] = 8000,
     max_model_len: Annotated[int | None, typer.Option(help="--max-model-len for vllm serve.")] = None,
@@ -821,7 +827,7 @@ def bench_cmd(
             require_matplotlib()  # before the run, not after it
         specs = parse_methods(methods, {"dspark": draft, "dflash": draft_dflash, "eagle3": draft_eagle3})
         names = [d for d in datasets.split(",") if d]
-        ns = _parse_ids(n, "--n") or [7]
+        ns = _parse_ids(n, "--n") or [DEFAULT_DRAFT_TOKENS]
         target_dir = resolve_target(target)
         meta = provenance(  # before the run: the code and tree that produce the rows
             seed,
@@ -872,7 +878,7 @@ def calibrate(
     rows: Annotated[
         int, typer.Option(min=2, help="Prompts per dataset (even ones fit Platt scaling, odd score it).")
     ] = 8,
-    n: Annotated[int, typer.Option(min=1, help="Draft length.")] = 7,
+    n: Annotated[int, typer.Option(min=1, help="Draft length.")] = DEFAULT_DRAFT_TOKENS,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="New tokens per prompt.")] = 128,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy verification.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,

@@ -15,6 +15,9 @@ from pathlib import Path
 from dspark.errors import DSparkError
 
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
+# Drafts verified per step unless a flag says otherwise (generate, serve, bench, vllm-config,
+# calibrate, evaluate): the model card's n = 7, capped by what a drafter's block holds.
+DEFAULT_DRAFT_TOKENS = 7
 # What a drafter for the default target records as its verifier: the name a vLLM user passes.
 DEFAULT_TARGET_PUBLIC_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

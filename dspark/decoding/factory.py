@@ -9,6 +9,7 @@ import torch
 from dspark.decoding.draft_length import StepCost, measure_step_cost
 from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, LookupFirstDrafter, NgramDrafter
 from dspark.decoding.engine import SpeculativeEngine
+from dspark.defaults import DEFAULT_DRAFT_TOKENS
 from dspark.errors import DSparkError
 from dspark.model.checkpoint import load_drafter
 from dspark.model.pairing import check_config_fits, check_fits
@@ -147,7 +148,7 @@ def make_engine(target: TargetModel, drafter: Drafter | None, num_speculative_to
     if drafter is None:
         k = 0
     elif num_speculative_tokens is None:
-        k = min(drafter.max_draft_tokens, 7)
+        k = min(drafter.max_draft_tokens, DEFAULT_DRAFT_TOKENS)
     else:
         k = num_speculative_tokens
     if drafter is not None and k > drafter.max_draft_tokens:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.defaults import DEFAULT_DRAFT_TOKENS
 from dspark.errors import DSparkError
 
 
@@ -17,7 +18,7 @@ class ServeOptions:
     draft: Path | None
     host: str = "127.0.0.1"
     port: int = 8000
-    num_speculative_tokens: int = 7
+    num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS
     max_concurrency: int = 16
     request_timeout: float = 600.0
     max_model_len: int | None = None

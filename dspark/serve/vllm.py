@@ -9,6 +9,7 @@ import json
 import shlex
 from pathlib import Path
 
+from dspark.defaults import DEFAULT_DRAFT_TOKENS
 from dspark.errors import DSparkError
 from dspark.formats.speculators import CONFIG_NAME, read_json
 
@@ -17,7 +18,7 @@ def vllm_handoff(
     draft: str | Path,
     target: str | Path,
     *,
-    num_speculative_tokens: int = 7,
+    num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS,
     host: str = "127.0.0.1",
     port: int = 8000,
     max_model_len: int | None = None,
