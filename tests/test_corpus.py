@@ -379,3 +379,31 @@ def test_corpus_bench_compares_engines_on_the_same_prompts(tiny_target_dirs, tmp
     assert rows["slots/float32/2x2"]["workers"] == 2
     bad = runner.invoke(app, ["corpus", "bench", "--engines", "slots/float16/2"])
     assert bad.exit_code == 2 and "KIND/DTYPE/N" in bad.output
+
+
+def test_a_crash_after_a_shard_keeps_the_later_answers_in_the_work_file(tiny_targets, tmp_path):
+    """Answers given after a shard was packed are on disk: a crash loses none of them."""
+    target = tiny_targets["llama"]
+    pool = [{"prompt": f"item {i} " * (1 + i % 3), "source": "s", "source_index": i} for i in range(8)]
+    corpus = Corpus.create(tmp_path / "c", target="tiny", tokenizer_sha256="t")
+    engine = make_engine("slots", target, slots=2, max_new_tokens=6, max_prompt_len=40)
+
+    class Crashing:
+        """The engine, dying after its fifth answer."""
+
+        name, target, given = engine.name, engine.target, 0
+
+        def run(self, prompts):
+            for answer in engine.run(prompts):
+                if self.given == 5:
+                    raise RuntimeError("machine lost")
+                self.given += 1
+                yield answer
+
+    work = tmp_path / "work.jsonl"
+    with pytest.raises(RuntimeError, match="machine lost"):
+        grow(corpus, pool, Crashing(), work=work, limit=None, shard_rows=3, meta=lambda: META, progress=False)
+    assert corpus.rows == 3  # one shard packed before the crash
+    assert len(work.read_text().splitlines()) == 2  # the two answers after it
+    grow(corpus, pool, engine, work=work, limit=None, shard_rows=3, meta=lambda: META, progress=False)
+    assert corpus.rows == 8 and sorted(r.source_index for r in corpus.iter_rows()) == list(range(8))

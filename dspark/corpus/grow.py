@@ -200,29 +200,30 @@ def grow(
     bar = tqdm(total=len(kept), desc="corpus", disable=not progress, unit="row")
     tokens = 0
     try:
-        with work.open("a") as fh:
-            for w, k, response, name in stream:
-                p, ids = kept[windows[w][k]], encoded[windows[w][k]]
-                row = {
-                    "key": prompt_key(p["prompt"]),
-                    "source": p["source"],
-                    "source_index": p["source_index"],
-                    "input_ids": ids + response,
-                    "loss_mask": [0] * len(ids) + [1] * len(response),
-                    "engine": name,
-                }
+        for w, k, response, name in stream:
+            p, ids = kept[windows[w][k]], encoded[windows[w][k]]
+            row = {
+                "key": prompt_key(p["prompt"]),
+                "source": p["source"],
+                "source_index": p["source_index"],
+                "input_ids": ids + response,
+                "loss_mask": [0] * len(ids) + [1] * len(response),
+                "engine": name,
+            }
+            # Opened per row: packing a shard replaces the work file, and a handle kept open
+            # would go on writing to the replaced one.
+            with work.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
-                fh.flush()
-                pending.append(row)
-                counts["answered"] += 1
-                tokens += len(response)
-                bar.update(1)
-                bar.set_postfix_str(f"{tokens / max(bar.format_dict['elapsed'], 1e-9):.0f} tok/s", refresh=False)
-                if len(pending) >= shard_rows:
-                    counts["packed"] += pack_work(corpus, work, pending, meta)
-                    pending = []
-                if stop["now"]:
-                    break
+            pending.append(row)
+            counts["answered"] += 1
+            tokens += len(response)
+            bar.update(1)
+            bar.set_postfix_str(f"{tokens / max(bar.format_dict['elapsed'], 1e-9):.0f} tok/s", refresh=False)
+            if len(pending) >= shard_rows:
+                counts["packed"] += pack_work(corpus, work, pending, meta)
+                pending = []
+            if stop["now"]:
+                break
     except KeyboardInterrupt:
         log("interrupted: packing the answers so far")
     finally:
