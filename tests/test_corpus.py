@@ -407,3 +407,33 @@ def test_a_crash_after_a_shard_keeps_the_later_answers_in_the_work_file(tiny_tar
     assert len(work.read_text().splitlines()) == 2  # the two answers after it
     grow(corpus, pool, engine, work=work, limit=None, shard_rows=3, meta=lambda: META, progress=False)
     assert corpus.rows == 8 and sorted(r.source_index for r in corpus.iter_rows()) == list(range(8))
+
+
+def test_ctrl_c_packs_the_answers_so_far_and_says_it_stopped(tiny_targets, tmp_path):
+    engine = make_engine("slots", tiny_targets["llama"], slots=2, max_new_tokens=5, max_prompt_len=40)
+
+    class Interrupted:
+        name, target = engine.name, engine.target
+
+        def run(self, prompts):
+            yield next(iter(engine.run(prompts)))
+            raise KeyboardInterrupt
+
+    corpus = Corpus.create(tmp_path / "c", target="tiny", tokenizer_sha256="t")
+    pool = [{"prompt": f"p{i}", "source": "s", "source_index": i} for i in range(4)]
+    counts = grow(
+        corpus,
+        pool,
+        Interrupted(),
+        work=tmp_path / "w.jsonl",
+        limit=None,
+        shard_rows=10,
+        meta=lambda: META,
+        progress=False,
+        log=lambda m: None,
+    )
+    assert counts["stopped"] is True and counts["packed"] == 1 and corpus.rows == 1
+    done = grow(
+        corpus, pool, engine, work=tmp_path / "w.jsonl", limit=None, shard_rows=10, meta=lambda: META, progress=False
+    )
+    assert done["stopped"] is False and corpus.rows == 4

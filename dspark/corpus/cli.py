@@ -234,6 +234,8 @@ def grow_cmd(
     except DSparkError as exc:
         _fail(str(exc))
     typer.echo(f"{counts}; {store.rows} rows, {store.tokens} tokens in {corpus}")
+    if counts.get("stopped"):
+        raise typer.Exit(143)  # stopped by a signal: a script running grow stops here too
 
 
 @app.command("status")

@@ -226,6 +226,7 @@ def grow(
                 break
     except KeyboardInterrupt:
         log("interrupted: packing the answers so far")
+        stop["now"] = True
     finally:
         if hasattr(stream, "close"):
             stream.close()
@@ -234,4 +235,5 @@ def grow(
     if pending:
         counts["packed"] += pack_work(corpus, work, pending, meta)
     counts["response_tokens"] = tokens
+    counts["stopped"] = stop["now"]  # by SIGTERM or Ctrl-C, before the prompts ran out
     return counts
