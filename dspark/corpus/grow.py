@@ -133,6 +133,8 @@ def parallel_answers(spec: Workers, windows: list[list[list[int]]]) -> Iterator[
                 proc.terminate()
         for proc in procs:
             proc.join(timeout=30)
+        queue.close()
+        queue.join_thread()
 
 
 def grow(
