@@ -238,14 +238,9 @@ def test_multi_turn_and_magpie_sources(tiny_target_dirs, tiny_targets, tmp_path)
     assert dropped["benchmark"] == 1 and pool == [{"prompt": prompts[0], "source": "turn2", "source_index": 7}]
 
     # Magpie: the template's prefix up to the user's message; the target samples turns itself.
-    chat = tmp_path / "chat"
-    import shutil
+    from tiny_models import with_chat_template
 
-    shutil.copytree(tiny_target_dirs["qwen3"], chat)
-    cfg = json.loads((chat / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = "{% for m in messages %}<eos>{{ m['content'] }}{% endfor %}<mask>"
-    (chat / "tokenizer_config.json").write_text(json.dumps(cfg))
-    chat_tok = AutoTokenizer.from_pretrained(chat)
+    chat_tok = AutoTokenizer.from_pretrained(with_chat_template(tiny_target_dirs["qwen3"], tmp_path / "chat"))
     assert magpie_prefix(chat_tok) == [chat_tok.eos_token_id]
     target = tiny_targets["qwen3"]
     target.tokenizer, saved = chat_tok, target.tokenizer

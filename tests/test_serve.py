@@ -53,12 +53,9 @@ def start_server(target, draft, *extra) -> tuple[subprocess.Popen, str]:
 
 @pytest.fixture(scope="module")
 def chat_target(tiny_target_dirs, tmp_path_factory):
-    out = tmp_path_factory.mktemp("serve") / "target"
-    shutil.copytree(tiny_target_dirs["qwen3"], out)
-    cfg = json.loads((out / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = TEMPLATE
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return out
+    from tiny_models import with_chat_template
+
+    return with_chat_template(tiny_target_dirs["qwen3"], tmp_path_factory.mktemp("serve") / "target", TEMPLATE)
 
 
 @pytest.fixture(scope="module")

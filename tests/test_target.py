@@ -130,21 +130,14 @@ def test_a_model_that_refuses_an_index_list_falls_back_to_full_logits(tiny_targe
 
 def test_one_prompt_encoding_for_every_path(tiny_target_dirs, tmp_path):
     """generate (chat or not), serve, bench and datagen all encode through encode_prompt."""
-    import json
-    import shutil
-
+    from tiny_models import with_chat_template
     from transformers import AutoTokenizer
 
     from dspark.target.prompts import encode_prompt
 
     plain = AutoTokenizer.from_pretrained(tiny_target_dirs["qwen3"])
     assert encode_prompt(plain, "def f():") == plain("def f():")["input_ids"]  # no template: the text
-    chat_dir = tmp_path / "chat"
-    shutil.copytree(tiny_target_dirs["qwen3"], chat_dir)
-    cfg = json.loads((chat_dir / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = "{% for m in messages %}<eos>{{ m['content'] }}{% endfor %}<mask>"
-    (chat_dir / "tokenizer_config.json").write_text(json.dumps(cfg))
-    chat = AutoTokenizer.from_pretrained(chat_dir)
+    chat = AutoTokenizer.from_pretrained(with_chat_template(tiny_target_dirs["qwen3"], tmp_path / "chat"))
     turn = [{"role": "user", "content": "def f():"}]
     assert encode_prompt(chat, "def f():") == encode_prompt(chat, turn)
     assert (

@@ -90,3 +90,20 @@ def build_tiny_target(directory: Path, arch: str = "qwen3", seed: int = 0, hidde
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+SIMPLE_CHAT_TEMPLATE = (
+    "{% for m in messages %}<eos>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<mask>{% endif %}"
+)
+
+
+def with_chat_template(src: Path, dst: Path, template: str = SIMPLE_CHAT_TEMPLATE) -> Path:
+    """A copy of a tiny target directory whose tokenizer has ``template`` as its chat template."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (dst / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return dst
