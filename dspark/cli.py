@@ -413,6 +413,10 @@ def cache_features_cmd(
     target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
     seq_len: Annotated[int, typer.Option(min=2, help="Truncate examples to this many tokens.")] = 2048,
     shard_size: Annotated[int, typer.Option(min=1, help="Examples per shard.")] = 64,
+    target_dtype: Annotated[
+        DType, typer.Option(help="Dtype the target runs in (bfloat16: ~1.8x faster on CPUs with AVX512-BF16).")
+    ] = DType.float32,
+    workers: Annotated[int, typer.Option(min=1, help="Processes computing shards (one torch thread each).")] = 1,
 ) -> None:
     """Precompute target features (aux layers + final state) into checksummed safetensors shards."""
     from dspark.defaults import resolve_target
@@ -421,10 +425,22 @@ def cache_features_cmd(
     from dspark.training.feature_cache import build_feature_cache
 
     try:
-        tgt = TargetModel.from_pretrained(resolve_target(target))
+        target_dir = resolve_target(target)
+        tgt = TargetModel.from_pretrained(target_dir, dtype=_torch_dtype(target_dtype))
         ids = _parse_ids(aux_layers, "--aux-layers")
         tgt.set_aux_layers(ids)
-        build_feature_cache(tgt, load_examples(data, max_len=seq_len), ids, out, shard_size=shard_size)
+        examples = load_examples(data, max_len=seq_len)
+        build_feature_cache(
+            tgt,
+            examples,
+            ids,
+            out,
+            shard_size=shard_size,
+            workers=workers,
+            target_dir=target_dir,
+            data=data,
+            max_len=seq_len,
+        )
     except DSparkError as exc:
         _fail(str(exc))
     typer.echo(str(out))
@@ -433,6 +449,14 @@ def cache_features_cmd(
 @app.command("train")
 def train_cmd(
     config: Annotated[Path, typer.Option(help="Run description (YAML); unknown keys are errors.")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override a recipe key: KEY=VALUE or SECTION.KEY=VALUE (repeatable), e.g. "
+            "--set train.steps=500 --set out=runs/short (paths relative to the working directory).",
+        ),
+    ] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
 ) -> None:
     """Train a drafter (resumes from the last checkpoint in the run's out directory). Use torchrun for DDP."""
@@ -440,7 +464,7 @@ def train_cmd(
     from dspark.training.run import run_training
 
     try:
-        last = run_training(load_recipe(config), progress=not no_progress)
+        last = run_training(load_recipe(config, set_ or ()), progress=not no_progress)
     except (DSparkError, ValueError) as exc:
         _fail(str(exc))
     typer.echo(json.dumps({k: last[k] for k in ("step", "loss", "sim_accept_len") if k in last}))

@@ -176,3 +176,22 @@ def test_shipped_recipes_parse_and_peers_share_everything_but_the_model():
         assert r.drafter != ref.drafter, path
         outs.add(r.out)
     assert len(outs) == len(others) + 1  # no two runs share an output directory
+
+
+def test_recipe_overrides(tmp_path):
+    """`dspark train --set`: typed values, sections, cwd-relative paths, clear errors."""
+    from pathlib import Path
+
+    from dspark.errors import ConfigError
+    from dspark.training.recipe import load_recipe
+
+    recipe = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-135m-dspark.yaml"
+    r = load_recipe(recipe, ["train.steps=123", "train.max_examples=50", f"out={tmp_path}/x", "drafter.markov_rank=8"])
+    assert r.train.steps == 123 and r.train.max_examples == 50 and r.out == tmp_path / "x"
+    assert r.drafter["markov_rank"] == 8 and r.train.lr == 1.0e-3
+    with pytest.raises(ConfigError, match="unknown train key"):
+        load_recipe(recipe, ["train.stepz=1"])
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_recipe(recipe, ["train.steps"])
+    with pytest.raises(ConfigError, match="max_examples must be positive"):
+        load_recipe(recipe, ["train.max_examples=0"])

@@ -321,3 +321,73 @@ def test_recipe_continues_from_a_drafter_saved_without_embeddings(tiny_targets, 
     recipe.drafter = {"path": str(tmp_path / "saved"), "method": "eagle3"}
     with pytest.raises(ConfigError, match="eagle3"):
         build_model(recipe, target)
+
+
+@pytest.mark.parametrize("kind", ["dspark", "dflash", "eagle3"])
+def test_bf16_autocast_training_tracks_fp32(tiny_targets, data, tmp_path, kind):
+    """`autocast_bf16` (the shipped recipes' setting) gives the fp32 loss curve within bf16
+    noise for every drafter kind, and the loss still falls."""
+    from dspark.model.eagle3 import Eagle3Config
+    from dspark.model.pairing import config_for_target, init_drafter
+
+    target = tiny_targets["qwen3"]
+    if kind == "eagle3":
+        config = Eagle3Config.like(config_for_target(target), speculative_steps=7)
+    else:
+        rank = 32 if kind == "dspark" else 0
+        config = config_for_target(target, markov_rank=rank, enable_confidence_head=kind == "dspark")
+    aux = config.aux_hidden_state_layer_ids
+
+    def run(bf16: bool, out):
+        target.set_aux_layers(aux)
+        model = init_drafter(target, config)
+        source = InProcessSource(target, load_examples(data), aux, seed=0)
+        cfg = TrainConfig(steps=30, autocast_bf16=bf16, **CFG)
+        Trainer(model, source, cfg, out, progress=False).train()
+        return torch.tensor(losses(out))
+
+    fp32, bf16 = run(False, tmp_path / "fp32"), run(True, tmp_path / "bf16")
+    assert torch.isfinite(bf16).all()
+    torch.testing.assert_close(bf16, fp32, rtol=0.05, atol=0.05)
+    assert bf16[-5:].mean() < 0.92 * bf16[:5].mean()
+
+
+def test_feature_cache_workers_bf16_target_and_prefix_limit(tiny_targets, tiny_target_dirs, data, tmp_path):
+    """Two worker processes write the same shards as one process; a bf16 target is recorded
+    in the manifest and refused against an fp32 cache; `limit` trains on a prefix."""
+    from dspark.errors import DSparkError
+    from dspark.target import TargetModel
+    from dspark.training.feature_cache import OfflineSource, build_feature_cache
+
+    target = tiny_targets["qwen3"]
+    examples = load_examples(data, max_len=256)
+    aux = untrained_drafter(target).config.aux_hidden_state_layer_ids
+    target.set_aux_layers(aux)
+    one = build_feature_cache(target, examples, aux, tmp_path / "one", shard_size=6, progress=False)
+    two = build_feature_cache(
+        target,
+        examples,
+        aux,
+        tmp_path / "two",
+        shard_size=6,
+        progress=False,
+        workers=2,
+        target_dir=tiny_target_dirs["qwen3"],
+        data=data,
+        max_len=256,
+    )
+    m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (one, two))
+    assert m1 == m2 and m1["target_dtype"] == "float32" and len(m1["shards"]) == 4
+
+    half = TargetModel.from_pretrained(tiny_target_dirs["qwen3"], dtype=torch.bfloat16)
+    half.set_aux_layers(aux)
+    with pytest.raises(DSparkError, match="target_dtype"):
+        build_feature_cache(half, examples, aux, one, shard_size=6, progress=False)
+    bf = build_feature_cache(half, examples, aux, tmp_path / "bf16", shard_size=6, progress=False)
+    assert json.loads((bf / "manifest.json").read_text())["target_dtype"] == "bfloat16"
+
+    source = OfflineSource(one, aux, seed=0, limit=7)
+    seen = {int(b.input_ids.sum()) for b in source.batches(0, 21)}
+    assert seen == {int(e.input_ids.sum()) for e in examples[:7]}
+    with pytest.raises(DSparkError, match="first 99 examples"):
+        OfflineSource(one, aux, seed=0, limit=99)

@@ -141,13 +141,17 @@ class InProcessSource:
         pass
 
 
-def _worker(target_dir: str, data_path: str, max_len: int, aux_ids, seed: int, start: int, count: int, q, stop):
+def _worker(target_dir: str, data_path: str, max_len: int, aux_ids, seed: int, limit, start: int, count: int, q, stop):
     from dspark.target import TargetModel
 
     torch.set_num_threads(1)
     try:
         target = TargetModel.from_pretrained(target_dir)
         examples = load_examples(data_path, max_len=max_len)
+        if limit is not None:
+            if limit > len(examples):
+                raise DSparkError(f"train.max_examples {limit} > the {len(examples)} examples in {data_path}")
+            examples = examples[:limit]
         for i, idx in enumerate(example_order(len(examples), seed, start, count)):
             if stop.is_set():
                 return
@@ -167,9 +171,17 @@ class OnlineSource:
     """A target worker in its own process streams features into a bounded queue."""
 
     def __init__(
-        self, target_dir: str | Path, data_path: str | Path, aux_ids, *, seed: int, max_len: int, queue_size: int = 4
+        self,
+        target_dir: str | Path,
+        data_path: str | Path,
+        aux_ids,
+        *,
+        seed: int,
+        max_len: int,
+        queue_size: int = 4,
+        limit: int | None = None,
     ) -> None:
-        self.args = (str(target_dir), str(data_path), max_len, tuple(aux_ids), seed)
+        self.args = (str(target_dir), str(data_path), max_len, tuple(aux_ids), seed, limit)
         self.queue_size = queue_size
         self.wait_seconds = 0.0  # waiting for batches after the first one arrived
         self.startup_seconds = 0.0  # worker start, target load and the first batch

@@ -48,6 +48,7 @@ class RaySource:
         in_flight: int = 4,
         num_cpus_per_worker: float = 1.0,
         address: str | None = None,
+        limit: int | None = None,
     ) -> None:
         try:
             import ray
@@ -62,6 +63,10 @@ class RaySource:
             for _ in range(num_workers)
         ]
         self.num_examples = ray.get(self.workers[0].num_examples.remote())
+        if limit is not None:
+            if limit > self.num_examples:
+                raise DSparkError(f"train.max_examples {limit} > the {self.num_examples} examples in {data_path}")
+            self.num_examples = limit
         self.seed, self.in_flight = seed, in_flight
         self.wait_seconds = 0.0
 

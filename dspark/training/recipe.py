@@ -62,7 +62,34 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-def load_recipe(path: str | Path) -> Recipe:
+PATH_KEYS = ("target", "data", "out", "cache")
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """``KEY=VALUE`` / ``SECTION.KEY=VALUE`` settings over a parsed recipe (VALUE read as YAML).
+    Paths given this way are relative to the working directory, not to the recipe."""
+    out = dict(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts) or len(parts) > 2:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE or SECTION.KEY=VALUE (e.g. train.steps=500)")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: value is not valid YAML ({exc})") from None
+        if len(parts) == 1:
+            out[parts[0]] = str(Path(value).resolve()) if parts[0] in PATH_KEYS and value is not None else value
+            continue
+        section = dict(out.get(parts[0]) or {})
+        if parts[0] == "drafter" and parts[1] in ("vocab", "path") and isinstance(value, str):
+            value = str(Path(value).resolve())
+        section[parts[1]] = value
+        out[parts[0]] = section
+    return out
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     from dspark.training.presets import preset as get_preset
 
     src = Path(path)
@@ -74,6 +101,7 @@ def load_recipe(path: str | Path) -> Recipe:
         raise ConfigError(f"{src}: not valid YAML ({exc})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{src}: expected a mapping at the top level")
+    raw = apply_overrides(raw, overrides)
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
         raise ConfigError(f"{src}: unknown key(s) {unknown}; allowed: {sorted(TOP_KEYS)}")

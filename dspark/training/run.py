@@ -18,6 +18,12 @@ def _dist_env() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _first(examples: list, limit: int | None, data) -> list:
+    if limit is not None and limit > len(examples):
+        raise DSparkError(f"train.max_examples {limit} > the {len(examples)} examples in {data}")
+    return examples[:limit] if limit else examples
+
+
 def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | None = None) -> dict:
     from dspark.target import TargetModel
 
@@ -31,24 +37,26 @@ def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | Non
         for t in model.state_dict().values():
             torch.distributed.broadcast(t, 0)
     aux = model.config.aux_hidden_state_layer_ids
+    limit = recipe.train.max_examples
     if recipe.source == "ray":
         from dspark.training.ray_source import RaySource
 
         del target
         source = RaySource(
-            recipe.target, recipe.data, aux, seed=recipe.train.seed, max_len=recipe.train.seq_len, **recipe.ray
+            recipe.target, recipe.data, aux, seed=recipe.train.seed, max_len=recipe.train.seq_len, limit=limit, **recipe.ray
         )
     elif recipe.source == "offline":
         from dspark.training.feature_cache import OfflineSource
 
-        source = OfflineSource(recipe.cache, aux, seed=recipe.train.seed)
+        source = OfflineSource(recipe.cache, aux, seed=recipe.train.seed, limit=limit)
     elif recipe.source == "online":
         del target  # the worker process loads its own copy
-        source = OnlineSource(recipe.target, recipe.data, aux, seed=recipe.train.seed, max_len=recipe.train.seq_len)
-    else:
-        source = InProcessSource(
-            target, load_examples(recipe.data, max_len=recipe.train.seq_len), aux, seed=recipe.train.seed
+        source = OnlineSource(
+            recipe.target, recipe.data, aux, seed=recipe.train.seed, max_len=recipe.train.seq_len, limit=limit
         )
+    else:
+        examples = load_examples(recipe.data, max_len=recipe.train.seq_len)
+        source = InProcessSource(target, _first(examples, limit, recipe.data), aux, seed=recipe.train.seed)
     out = Path(recipe.out)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)

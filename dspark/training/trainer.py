@@ -51,6 +51,7 @@ class TrainConfig:
     log_every: int = 1
     seed: int = 0
     autocast_bf16: bool = False
+    max_examples: int | None = None  # train on the data's first N examples only (a size of a scaling curve)
     save_embeddings: bool = True  # False: the final drafter takes embed_tokens from the target
     extra: dict = field(default_factory=dict)
 
@@ -59,6 +60,8 @@ class TrainConfig:
         for name in ("steps", "grad_accum", "max_anchors", "seq_len", "checkpoint_every", "log_every"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"train.{name} must be positive, got {getattr(self, name)}")
+        if self.max_examples is not None and self.max_examples <= 0:
+            raise ValueError(f"train.max_examples must be positive, got {self.max_examples}")
         if self.lr <= 0 or self.warmup < 0:
             raise ValueError("train.lr must be > 0 and train.warmup >= 0")
 
