@@ -474,7 +474,11 @@ def train_cmd(
 def evaluate_cmd(
     data: Annotated[Path, typer.Option(help="JSONL of {input_ids, loss_mask} rows, as `dspark datagen` writes.")],
     draft: Annotated[
-        Path | None, typer.Option(help="Drafter: dspark, dflash or eagle3 (default: the embedded DSpark).")
+        list[Path] | None,
+        typer.Option(
+            help="Drafter: dspark, dflash or eagle3 (default: the embedded DSpark). Repeat to compare "
+            "several on the same rows and blocks (the target runs once per row)."
+        ),
     ] = None,
     target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
     skip: Annotated[int, typer.Option(min=0, help="Leave out the first SKIP rows (e.g. the ones trained on).")] = 0,
@@ -486,7 +490,7 @@ def evaluate_cmd(
     max_len: Annotated[int, typer.Option(min=2, help="Cut each row to this many tokens.")] = 512,
     seed: Annotated[int, typer.Option(help="Anchor sampling seed.")] = 0,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (a list when several --draft).")] = False,
 ) -> None:
     """Teacher-forced acceptance of a drafter on rows of a data file: a quick check before serving."""
     from tqdm import tqdm
@@ -495,46 +499,47 @@ def evaluate_cmd(
     from dspark.defaults import resolve_draft, resolve_target
     from dspark.target import TargetModel
     from dspark.training.data import load_examples
-    from dspark.training.evaluate import simulated_accept_len
+    from dspark.training.evaluate import simulated_accept_len_many
 
     try:
         examples = load_examples(data, max_len=max_len)[skip : skip + rows]
         if not examples:
             raise DSparkError(f"{data}: no rows left after --skip {skip}")
-        draft_dir = resolve_draft(draft, "dspark")
+        draft_dirs = [resolve_draft(d, "dspark") for d in (draft or [None])]
         tgt = TargetModel.from_pretrained(resolve_target(target), device=_device(device))
-        model = load_drafter_for(tgt, draft_dir)
+        models = [load_drafter_for(tgt, d) for d in draft_dirs]
         with tqdm(total=len(examples), desc="evaluate", unit="row", disable=as_json) as bar:
-            report = simulated_accept_len(
-                model,
+            reports = simulated_accept_len_many(
+                models,
                 tgt,
                 examples,
                 max_anchors=anchors,
-                num_drafts=min(n, model.config.drafts_per_block),
+                num_drafts=min([n] + [m.config.drafts_per_block for m in models]),
                 seed=seed,
                 on_example=bar.update,
             )
     except DSparkError as exc:
         _fail(str(exc))
-    report = {
-        "draft": str(draft_dir),
-        "data": str(data),
-        "skip": skip,
-        "n": len(report["per_position_match"]),
-        **report,
-    }
+    reports = [
+        {"draft": str(d), "data": str(data), "skip": skip, "n": len(r["per_position_match"]), **r}
+        for d, r in zip(draft_dirs, reports, strict=True)
+    ]
     if as_json:
-        typer.echo(json.dumps(report))
+        typer.echo(json.dumps(reports[0] if len(reports) == 1 else reports))
         return
-    typer.echo(
-        f"teacher-forced accept_len {report['sim_accept_len']:.3f} over {report['blocks']} blocks "
-        f"in {report['sequences']} rows"
-    )
-    typer.echo("slot  survive  match  tv")
-    for k, (s, m, t) in enumerate(
-        zip(report["per_position_acceptance"], report["per_position_match"], report["tv_per_position"], strict=True), 1
-    ):
-        typer.echo(f"{k:>4}  {s:7.3f}  {m:5.3f}  {t:.3f}")
+    for report in reports:
+        typer.echo(
+            f"{report['draft']}: teacher-forced accept_len {report['sim_accept_len']:.3f} over "
+            f"{report['blocks']} blocks in {report['sequences']} rows"
+        )
+        typer.echo("slot  survive  match  tv")
+        for k, (s_, m_, t_) in enumerate(
+            zip(
+                report["per_position_acceptance"], report["per_position_match"], report["tv_per_position"], strict=True
+            ),
+            1,
+        ):
+            typer.echo(f"{k:>4}  {s_:7.3f}  {m_:5.3f}  {t_:.3f}")
 
 
 class SourceKind(str, Enum):

@@ -1,12 +1,11 @@
-"""Copy a trained default drafter into models/ with its TRAINING.json (step 6 of train_default_drafter.sh).
+"""Copy a trained default drafter into models/ with its TRAINING.json (step 5 of train_default_drafter.sh).
 
     python scripts/export_default_drafter.py dspark|dflash|eagle3
 
-Reads .cache/smollm2/run-<method>/final and its train log; writes models/smollm2-135m-<method>
-(bf16, without the target's embedding). TRAINING.json records the budget, the loss and the
-teacher-forced accept_len of the shipped copy (`dspark evaluate`, 32 blocks a
-row) on the first 64 training rows and, with HELDOUT=FILE (a longer datagen output of the same
-prompts), on the 64 rows after the trained ones.
+Reads .cache/corpus-train/run-<method>/final and its train log; writes models/smollm2-135m-<method>
+(bf16, without the target's embedding). TRAINING.json records the corpus, the budget, the loss
+and the teacher-forced accept_len of the shipped copy (`dspark evaluate`, n=7, 32 blocks a
+row, the target in fp32) on the first 64 training rows and on the corpus's held-out split.
 """
 
 from __future__ import annotations
@@ -28,27 +27,26 @@ from dspark.target import TargetModel
 from dspark.training.data import load_examples
 from dspark.training.evaluate import simulated_accept_len
 
-CACHE = Path(".cache/smollm2")
-DATA = CACHE / "data.jsonl"
+CACHE = Path(".cache/corpus-train")
+DATA = CACHE / "train.jsonl"
+HELDOUT = CACHE / "heldout.jsonl"
+CORPUS = Path("corpus/smollm2-135m-instruct")
 EVAL_ROWS = 64
 
 
-def teacher_forced(out: Path, target: TargetModel, heldout: str | None) -> dict:
+def teacher_forced(out: Path, target: TargetModel) -> dict:
     """accept_len of the shipped copy, loaded as `dspark evaluate --draft models/...` loads it."""
     model = load_drafter_for(target, out)
-    train = load_examples(DATA, max_len=512)
-    figures = {
-        f"teacher_forced_accept_len_{EVAL_ROWS}_training_rows": simulated_accept_len(
-            model, target, train[:EVAL_ROWS], max_anchors=32, num_drafts=7
-        )["sim_accept_len"]
+    train = load_examples(DATA, max_len=512)[:EVAL_ROWS]
+    held = load_examples(HELDOUT, max_len=512)
+    return {
+        f"teacher_forced_accept_len_{len(train)}_training_rows": simulated_accept_len(
+            model, target, train, max_anchors=32, num_drafts=7
+        )["sim_accept_len"],
+        f"teacher_forced_accept_len_{len(held)}_heldout_rows": simulated_accept_len(
+            model, target, held, max_anchors=32, num_drafts=7
+        )["sim_accept_len"],
     }
-    if heldout:
-        held = load_examples(heldout, max_len=512)[len(train) : len(train) + EVAL_ROWS]
-        if held:
-            figures[f"teacher_forced_accept_len_{len(held)}_heldout_rows"] = simulated_accept_len(
-                model, target, held, max_anchors=32, num_drafts=7
-            )["sim_accept_len"]
-    return figures
 
 
 def ship_unless_unchanged(model, out: Path) -> None:
@@ -65,6 +63,10 @@ def ship_unless_unchanged(model, out: Path) -> None:
     save_drafter(model, out, dtype=torch.bfloat16, include_embeddings=False)
 
 
+def manifest_rows(manifest: dict) -> int:
+    return sum(shard["rows"] for shard in manifest["shards"])
+
+
 def main(method: str) -> None:
     os.chdir(Path(__file__).resolve().parent.parent)
     run = CACHE / f"run-{method}"
@@ -75,20 +77,23 @@ def main(method: str) -> None:
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     tail = log[-30:]  # the last 300 steps (log_every 10)
     rows = [json.loads(line) for line in DATA.open()]
+    manifest = json.loads((CORPUS / "manifest.json").read_text())
     summary = {
         "recipe": f"recipes/smollm2-135m-{method}.yaml",
-        "data": f"{len(rows)} prompts from scripts/train_default_drafter.sh, answered greedily by the target "
-        f"(<= 256 new tokens): {sum(sum(r['loss_mask']) for r in rows):,} assistant tokens",
-        "source": "offline (dspark cache-features, aux layers 2,15,27)",
+        "data": f"the train split of {CORPUS} ({manifest_rows(manifest):,} rows when exported): {len(rows):,} "
+        f"self-distilled answers (greedy, <= 256 new tokens), {sum(sum(r['loss_mask']) for r in rows):,} "
+        "assistant tokens",
+        "source": "offline (dspark cache-features, the target in bf16, aux layers 2,15,27)",
         "steps": log[-1]["step"],
         "wall_minutes": round(sum(r["step_seconds"] for r in log) * 10 / 60, 1),
         "final_loss_mean_last_300_steps": statistics.mean(r["loss"] for r in tail),
         "sim_accept_len_mean_last_300_steps": statistics.mean(r["sim_accept_len"] for r in tail),
-        **teacher_forced(out, target, os.environ.get("HELDOUT")),
+        **teacher_forced(out, target),
         "machine": "2 CPU cores (shared), torch " + torch.__version__,
         "note": "accept_len figures are teacher forced (1 + expected accepted drafts per block): the log mean "
         "is over 30 single training sequences (noisy); the teacher_forced_* ones are `dspark evaluate` "
-        "over 64 rows, 32 blocks each",
+        "(n=7, 32 blocks a row, the target in fp32) on the first 64 training rows and on the corpus's held-out "
+        "split (prompts never trained on)",
     }
     (out / "TRAINING.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("wrote", out, json.dumps(summary, indent=2))

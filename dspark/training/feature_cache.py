@@ -157,13 +157,18 @@ class OfflineSource:
                 f"{self.dir}: cached aux layers {self.manifest['aux_layer_ids']} differ from the "
                 f"drafter's {list(aux_ids)}"
             )
-        expected = -(-self.manifest["num_examples"] // self.manifest["shard_size"])
-        if len(self.manifest["shards"]) != expected:
-            raise DSparkError(f"{self.dir}: cache is incomplete ({len(self.manifest['shards'])}/{expected} shards)")
         total = int(self.manifest["num_examples"])
         if limit is not None and not 0 < limit <= total:
             raise DSparkError(f"{self.dir}: asked for the first {limit} examples of a cache of {total}")
         self.num_examples = limit or total
+        needed = -(-self.num_examples // self.manifest["shard_size"])  # a prefix needs only its shards
+        missing = [s for s in range(needed) if _shard_name(s) not in self.manifest["shards"]]
+        if missing:
+            expected = -(-total // self.manifest["shard_size"])
+            raise DSparkError(
+                f"{self.dir}: cache is incomplete ({len(self.manifest['shards'])}/{expected} shards; "
+                f"{_shard_name(missing[0])} is missing)"
+            )
         self.seed = seed
         self.wait_seconds = 0.0
         self._verified: set[str] = set()

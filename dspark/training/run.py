@@ -43,7 +43,13 @@ def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | Non
 
         del target
         source = RaySource(
-            recipe.target, recipe.data, aux, seed=recipe.train.seed, max_len=recipe.train.seq_len, limit=limit, **recipe.ray
+            recipe.target,
+            recipe.data,
+            aux,
+            seed=recipe.train.seed,
+            max_len=recipe.train.seq_len,
+            limit=limit,
+            **recipe.ray,
         )
     elif recipe.source == "offline":
         from dspark.training.feature_cache import OfflineSource
