@@ -1,0 +1,139 @@
+"""Score the scaling-curve runs on the corpus's held-out split and write the curve.
+
+    python scripts/scaling_report.py [--out docs/results/scaling-smollm2-cpu]
+
+Reads .cache/corpus-train/scale/<method>-<N>/final (scripts/scaling_curve.sh) and the full
+runs .cache/corpus-train/run-<method>/final (scripts/train_default_drafter.sh), scores them
+all on the same held-out rows and blocks (`dspark evaluate`: teacher forced, n=7, 32 blocks a
+row, the target in fp32, run once per row for every drafter), and writes OUT.json (with
+provenance), OUT.md (the table) and OUT.png (accept_len against train rows, log scale). Per
+method it fits accept_len = a + b·log2(rows) and says how many rows that line needs to reach
+accept_len 2.5; a straight line in log(rows) is an extrapolation, so treat it as a guide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+C = Path(".cache/corpus-train")
+METHODS = ("dspark", "dflash", "eagle3")
+GOAL = 2.5
+FP32 = " (fp32-target features)"  # the check that bf16-target features cost no acceptance
+
+
+def runs() -> list[dict]:
+    found = []
+    for method in METHODS:
+        full = C / f"run-{method}" / "final"
+        if full.is_dir():
+            recipe = json.loads((C / f"run-{method}" / "recipe.json").read_text())
+            rows = recipe["train"].get("max_examples") or recipe["train"]["steps"]
+            found.append({"method": method, "rows": int(rows), "path": full})
+        for d in sorted((C / "scale").glob(f"{method}-*")):
+            m = re.fullmatch(rf"{method}-(\d+)(-fp32features)?", d.name)
+            if m and (d / "final").is_dir():
+                label = method + (FP32 if m.group(2) else "")
+                found.append({"method": label, "rows": int(m.group(1)), "path": d / "final"})
+    return sorted(found, key=lambda r: (r["method"], r["rows"]))
+
+
+def fit(points: list[tuple[int, float]]) -> dict | None:
+    if len(points) < 2:
+        return None
+    xs = [math.log2(r) for r, _ in points]
+    ys = [a for _, a in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    a = my - b * mx
+    need = 2 ** ((GOAL - a) / b) if b > 0 else None
+    return {"intercept": a, "per_doubling": b, f"rows_for_{GOAL}": need}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="docs/results/scaling-smollm2-cpu")
+    a = p.parse_args()
+    os.chdir(Path(__file__).resolve().parent.parent)
+    from tqdm import tqdm
+
+    from dspark.bench.provenance import finished, provenance, write_json
+    from dspark.decoding.factory import load_drafter_for
+    from dspark.defaults import default_target_dir
+    from dspark.target import TargetModel
+    from dspark.training.data import load_examples
+    from dspark.training.evaluate import simulated_accept_len_many
+
+    found = runs()
+    if not found:
+        raise SystemExit("no runs found: run scripts/train_default_drafter.sh and scripts/scaling_curve.sh first")
+    held = load_examples(C / "heldout.jsonl", max_len=512)
+    train = [json.loads(line) for line in (C / "train.jsonl").open()]
+    meta = provenance(0, heldout_rows=len(held), n=7, anchors_per_row=32)
+    target = TargetModel.from_pretrained(default_target_dir())
+    models = [load_drafter_for(target, r["path"]) for r in found]
+    with tqdm(total=len(held), desc="evaluate", unit="row") as bar:
+        reports = simulated_accept_len_many(
+            models, target, held, max_anchors=32, num_drafts=7, seed=0, on_example=bar.update
+        )
+    rows = []
+    for r, rep in zip(found, reports, strict=True):
+        rows.append(
+            {
+                "method": r["method"],
+                "train_rows": r["rows"],
+                "assistant_tokens": sum(sum(x["loss_mask"]) for x in train[: r["rows"]]),
+                "steps": r["rows"],
+                "heldout_accept_len": rep["sim_accept_len"],
+                "per_position_acceptance": rep["per_position_acceptance"],
+                "blocks": rep["blocks"],
+                "run": str(r["path"]),
+            }
+        )
+    fits = {m: fit([(x["train_rows"], x["heldout_accept_len"]) for x in rows if x["method"] == m]) for m in METHODS}
+    out = Path(a.out)
+    write_json(out.with_suffix(".json"), {"provenance": finished(meta), "rows": rows, "fits": fits})
+    sizes = sorted({x["train_rows"] for x in rows})
+    lines = [
+        "| method | " + " | ".join(f"{s:,} rows" for s in sizes) + f" | + per doubling | rows for {GOAL} (fit) |",
+        "| --- | " + " | ".join("---" for _ in sizes) + " | --- | --- |",
+    ]
+    for m in (*METHODS, *(m + FP32 for m in METHODS)):
+        cells = {x["train_rows"]: x["heldout_accept_len"] for x in rows if x["method"] == m}
+        if not cells:
+            continue
+        f = fits.get(m) or {}
+        need = f.get(f"rows_for_{GOAL}")
+        lines.append(
+            f"| {m} | "
+            + " | ".join(f"{cells[s]:.3f}" if s in cells else "" for s in sizes)
+            + f" | {f.get('per_doubling', float('nan')):+.3f} | {f'{need:,.0f}' if need else 'n/a'} |"
+        )
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in METHODS:
+        pts = [(x["train_rows"], x["heldout_accept_len"]) for x in rows if x["method"] == m]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", label=m)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("train rows (one epoch each)")
+    ax.set_ylabel("held-out teacher-forced accept_len (n=7)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=120)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
