@@ -1,7 +1,8 @@
 """The trainer: AdamW, warmup + cosine, accumulation, clipping, atomic checkpoints, exact resume.
 
 Dtype policy: master weights, optimizer state, loss and softmax in fp32; the backbone
-may run under bf16 autocast (``autocast_bf16``), norms and RoPE stay fp32 in the model.
+may run under bf16 autocast (``autocast_bf16``, which also computes the teacher logits in a
+bf16 matmul), norms and RoPE stay fp32 in the model.
 
 Resume is exact: example order and anchors are functions of (seed, micro-step), and a
 checkpoint holds model, optimizer and schedule state; so a killed and resumed run
@@ -159,6 +160,10 @@ class Trainer:
         self.step = int(state["step"])
 
     # ------------------------------------------------------------------ one micro-step
+    def _autocast(self):
+        device = "cpu" if self.model.fc.weight.device.type == "cpu" else "cuda"
+        return torch.autocast(device, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
+
     def _micro_loss(self, batch, micro_index: int):
         cfg = self.cfg
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + micro_index)
@@ -168,11 +173,7 @@ class Trainer:
         if anchors.numel() == 0:
             return None, None
         model = self.ddp or self.model
-        with torch.autocast(
-            "cpu" if self.model.fc.weight.device.type == "cpu" else "cuda",
-            dtype=torch.bfloat16,
-            enabled=cfg.autocast_bf16,
-        ):
+        with self._autocast():
             forward = eagle3_forward if self.model.config.method == "eagle3" else block_forward
             out = forward(
                 model.module if self.ddp else model,
@@ -183,7 +184,7 @@ class Trainer:
                 anchors,
             )
         rows = out.targets.target_rows
-        with torch.no_grad():
+        with torch.no_grad(), self._autocast():  # the teacher's logits too: a bf16 matmul, 2x faster on CPU
             target_logits = self.model.base_logits(batch.last_hidden[rows].to(self.model.fc.weight.device))
         labels = self._t2d_ids[out.targets.label_ids].to(out.logits.device)
         return dspark_loss(
