@@ -20,6 +20,14 @@ CORPUS=corpus/smollm2-135m-instruct
 mkdir -p "$C"
 .venv/bin/dspark setup >/dev/null
 ln -sfn "$(.venv/bin/python -c 'from dspark.defaults import default_target_dir; print(default_target_dir())')" .cache/target
+# The exports, vocab and features belong to the corpus as it was when they were made: if it
+# has grown since, stop rather than train on a stale export (move $C away to start over).
+rows=$(.venv/bin/dspark corpus status "$CORPUS" --json | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["rows"])')
+if [ -f "$C/corpus-rows" ] && [ "$(cat "$C/corpus-rows")" != "$rows" ]; then
+  echo "$C was built from $(cat "$C/corpus-rows") corpus rows; $CORPUS now holds $rows. Move $C away to retrain." >&2
+  exit 2
+fi
+echo "$rows" > "$C/corpus-rows"
 [ -f "$C/train.jsonl" ] || .venv/bin/dspark corpus export "$CORPUS" --out "$C/train.jsonl" --split train --seed 0
 [ -f "$C/heldout.jsonl" ] || .venv/bin/dspark corpus export "$CORPUS" --out "$C/heldout.jsonl" --split heldout
 [ -f "$C/vocab.safetensors" ] || .venv/bin/dspark vocab --data "$C/train.jsonl" --size 8192 --out "$C/vocab.safetensors"
