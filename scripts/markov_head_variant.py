@@ -1,6 +1,6 @@
 """Give a trained vanilla-head DSpark drafter a ``gated`` or ``rnn`` Markov head that starts out
 computing what its vanilla head computes, so training can continue from it (the head-type
-ablation in docs/RESULTS.md, driven by scripts/train_head_variants.sh).
+ablation in docs/history.md; continue with `dspark train` and `drafter: {path: OUT_DIR}`).
 
     .venv/bin/python scripts/markov_head_variant.py SRC_DRAFTER OUT_DIR gated|rnn
 
