@@ -29,15 +29,6 @@ class DType(str, Enum):
     float16 = "float16"
 
 
-class Method(str, Enum):
-    auto = "auto"
-    baseline = "baseline"
-    ngram = "ngram"
-    dspark = "dspark"
-    dflash = "dflash"
-    eagle3 = "eagle3"
-
-
 def _torch_dtype(name: DType):
     import torch
 
@@ -122,48 +113,41 @@ def init_cmd(
 ) -> None:
     """Write an untrained drafter matched to a target (sizes, vocab and mask token read from it)."""
     try:
-        from dspark.model.checkpoint import save_drafter
-        from dspark.model.pairing import config_for_target, default_mask_token, init_drafter
+        from dspark import families
+        from dspark.formats.checkpoint import init_drafter, save_drafter
+        from dspark.model.pairing import default_mask_token
         from dspark.target import TargetModel
 
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise DSparkError(f"{out}: exists and is not empty; refusing to overwrite it")
-        if method not in ("dspark", "dflash", "eagle3"):
-            raise DSparkError(f"--method {method!r}: choose dspark, dflash or eagle3")
-        if method == "dflash":
-            markov_rank, confidence_head = 0, False
+        family = families.get(method)
+        options = {
+            "layers": layers,
+            "block_size": block_size,
+            "aux_layers": _parse_ids(aux_layers, "--aux-layers"),
+            "mask_token_id": mask_token_id,
+            "markov_rank": markov_rank,
+            "markov_head_type": markov_head_type,
+            "confidence_head": confidence_head,
+            "sample_from_anchor": sample_from_anchor,
+        }
         tgt = TargetModel.from_pretrained(target)
-        mask_reason = default_mask_token(tgt)[1] if mask_token_id is None else ""
-        config = config_for_target(
-            tgt,
-            num_layers=layers,
-            block_size=block_size,
-            aux_layers=_parse_ids(aux_layers, "--aux-layers"),
-            mask_token_id=mask_token_id,
-            markov_rank=markov_rank,
-            markov_head_type=markov_head_type,
-            enable_confidence_head=confidence_head,
-            confidence_head_with_markov=confidence_head and markov_rank > 0,
-            sample_from_anchor=sample_from_anchor,
-        )
-        if method == "eagle3":
-            from dspark.model.eagle3 import Eagle3Config
-
-            if layers != 1:
-                raise DSparkError("--method eagle3 has exactly one decoder layer (--layers 1)")
-            config = Eagle3Config.like(config, speculative_steps=block_size - 1)
+        config = family.config_for_target(tgt, {k: v for k, v in options.items() if k in family.init_options})
+        uses_mask = getattr(config, "mask_token_id", None) is not None and "mask_token_id" in family.init_options
+        mask_reason = default_mask_token(tgt)[1] if mask_token_id is None and uses_mask else ""
         model = init_drafter(tgt, config, seed=seed)
         save_drafter(model, out, dtype=_torch_dtype(dtype))
     except DSparkError as exc:
         _fail(str(exc))
     n_params = sum(p.numel() for p in model.parameters())
     typer.echo(
-        f"wrote untrained {config.method} drafter to {out}: {len(model.layers)} layer(s), hidden "
-        f"{config.hidden_size}, {config.drafts_per_block} drafts per step, "
+        f"wrote untrained {config.method} drafter to {out}: "
+        + (f"{config.num_hidden_layers} layer(s), " if hasattr(config, "num_hidden_layers") else "")
+        + f"hidden {config.hidden_size}, {config.drafts_per_block} drafts per step, "
         f"aux layers {list(config.aux_hidden_state_layer_ids)}, "
         f"{n_params / 1e6:.2f} M parameters"
     )
-    if mask_token_id is None:
+    if mask_reason:
         typer.echo(f"mask token: id {config.mask_token_id}, {mask_reason}")
 
 
@@ -194,8 +178,12 @@ def generate_cmd(
     target: Annotated[Path | None, typer.Option(help="Target model directory (default: the embedded one).")] = None,
     draft: Annotated[Path | None, typer.Option(help="Drafter directory (default: the embedded one).")] = None,
     method: Annotated[
-        Method, typer.Option(help="auto = the --draft checkpoint's method, or the embedded DSpark drafter.")
-    ] = Method.auto,
+        str,
+        typer.Option(
+            help="auto (the --draft checkpoint's family, or the embedded DSpark drafter), baseline, ngram, or "
+            "a drafter family: dspark, dflash, eagle3."
+        ),
+    ] = "auto",
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate.")] = 128,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy; > 0 = rejection sampling.")] = 0.0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus filter (1.0 = off).")] = 1.0,
@@ -219,7 +207,8 @@ def generate_cmd(
     """Generate text with speculative decoding and report acceptance and speed."""
     import torch
 
-    from dspark.decoding.factory import DRAFTER_METHODS, checkpoint_method, make_drafter, make_engine
+    from dspark import families
+    from dspark.decoding.factory import checkpoint_method, make_drafter, make_engine
     from dspark.decoding.sampling import SamplingParams
     from dspark.defaults import resolve_draft, resolve_target
     from dspark.target import TargetModel
@@ -227,12 +216,12 @@ def generate_cmd(
     try:
         if top_p <= 0.0:
             raise DSparkError("--top-p must be in (0, 1]")
-        name = method.value
+        name = method
         draft_dir = None
         if name == "auto":
             draft_dir = resolve_draft(draft)
             name = checkpoint_method(draft_dir)
-        elif name in DRAFTER_METHODS:
+        elif name in families.names():
             draft_dir = resolve_draft(draft, name)
         tgt = TargetModel.from_pretrained(resolve_target(target), device=_device(device), dtype=_torch_dtype(dtype))
         drafter = make_drafter(
@@ -428,7 +417,7 @@ def cache_features_cmd(
         target_dir = resolve_target(target)
         tgt = TargetModel.from_pretrained(target_dir, dtype=_torch_dtype(target_dtype))
         ids = _parse_ids(aux_layers, "--aux-layers")
-        tgt.set_aux_layers(ids)
+        tgt.check_layer_ids(ids)
         examples = load_examples(data, max_len=seq_len)
         build_feature_cache(
             tgt,
@@ -572,7 +561,7 @@ def inspect_cmd(
 ) -> None:
     """Validate a drafter (config fields, tensor shapes, d2t/t2d, mask token) and describe it."""
     from dspark.formats.convert import describe_path
-    from dspark.model.inspect import describe_config
+    from dspark.formats.inspect import describe_config
     from dspark.training.presets import preset_config
 
     try:

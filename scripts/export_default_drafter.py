@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from dspark.decoding.factory import load_drafter_for
 from dspark.defaults import default_draft_dir, default_target_dir
-from dspark.model.checkpoint import load_drafter, save_drafter
+from dspark.formats.checkpoint import load_drafter, save_drafter
 from dspark.target import TargetModel
 from dspark.training.data import load_examples
 from dspark.training.evaluate import simulated_accept_len

@@ -39,7 +39,8 @@ def _tiny(variant: str, work: Path):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from tiny_models import build_tiny_target
 
-    from dspark.model.pairing import config_for_target, init_drafter
+    from dspark.formats.checkpoint import init_drafter
+    from dspark.model.pairing import config_for_target
     from dspark.model.vocab import mapping_from_kept_ids
     from dspark.target import TargetModel
     from dspark.target.frozen import read_target_facts

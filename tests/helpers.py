@@ -6,7 +6,8 @@ import torch
 
 from dspark.decoding.drafters import Proposal, point_mass
 from dspark.decoding.sampling import SamplingParams, probabilities
-from dspark.model.pairing import config_for_target, init_drafter
+from dspark.formats.checkpoint import init_drafter
+from dspark.model.pairing import config_for_target
 from dspark.model.vocab import mapping_from_kept_ids
 from dspark.target import TargetModel
 
@@ -18,7 +19,7 @@ class ModelDrafter:
     sampling accepts some drafts and rejects others.
     """
 
-    needs_aux_hidden = False
+    aux_layer_ids = ()
 
     def __init__(self, target: TargetModel, *, temperature_scale: float = 1.0, max_draft: int = 8) -> None:
         self.model = target.model
@@ -64,5 +65,4 @@ def untrained_drafter(target: TargetModel, **kwargs):
     if config.uses_pruned_vocab:  # keep the first draft_vocab_size target ids
         vocab = mapping_from_kept_ids(torch.arange(config.draft_vocab_size), target.vocab_size)
     model = init_drafter(target, config, vocab=vocab)
-    target.set_aux_layers(config.aux_hidden_state_layer_ids)
     return model

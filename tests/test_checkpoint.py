@@ -8,7 +8,7 @@ from helpers import untrained_drafter
 from safetensors.torch import load_file, save_file
 
 from dspark.errors import CheckpointError, IncompatibleDraftError
-from dspark.model.checkpoint import WEIGHTS_NAME, load_drafter, save_drafter
+from dspark.formats.checkpoint import WEIGHTS_NAME, load_drafter, save_drafter
 from dspark.model.config import DSparkConfig
 from dspark.model.pairing import check_fits
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from dspark.errors import ConfigError
+from dspark.formats.checkpoint import load_config, save_config
 from dspark.model.config import DSparkConfig
 
 BASE = dict(
@@ -25,8 +26,8 @@ BASE = dict(
 
 def test_round_trip(tmp_path):
     cfg = DSparkConfig(**BASE)
-    cfg.save(tmp_path)
-    assert DSparkConfig.load(tmp_path) == cfg
+    save_config(cfg, tmp_path)
+    assert load_config(tmp_path) == cfg
     assert cfg.drafts_per_block == 8
     assert cfg.replace(sample_from_anchor=False).drafts_per_block == 7
     assert cfg.method == "dspark"
@@ -66,10 +67,10 @@ def test_unknown_and_missing_keys_are_errors(tmp_path):
 
 def test_missing_and_corrupt_config_files(tmp_path):
     with pytest.raises(ConfigError, match="no drafter config"):
-        DSparkConfig.load(tmp_path)
+        load_config(tmp_path)
     (tmp_path / DSparkConfig.FILE_NAME).write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
-        DSparkConfig.load(tmp_path)
+        load_config(tmp_path)
     (tmp_path / DSparkConfig.FILE_NAME).write_text(json.dumps([1, 2]))
     with pytest.raises(ConfigError, match="JSON object"):
-        DSparkConfig.load(tmp_path)
+        load_config(tmp_path)

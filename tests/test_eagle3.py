@@ -10,7 +10,7 @@ import torch
 from dspark.decoding.drafters import Eagle3Drafter
 from dspark.decoding.sampling import SamplingParams
 from dspark.errors import CheckpointError
-from dspark.model.checkpoint import load_drafter, save_drafter
+from dspark.formats.checkpoint import load_drafter, save_drafter
 from dspark.model.eagle3 import Eagle3Config, Eagle3DraftModel, train_forward
 from dspark.model.vocab import identity_mapping
 

@@ -19,11 +19,11 @@ from dspark.cli import app
 from dspark.errors import CheckpointError, DSparkError
 from dspark.formats import gguf as gguf_format
 from dspark.formats import speculators as spec_format
+from dspark.formats.checkpoint import WEIGHTS_NAME, init_drafter, load_drafter, save_drafter
 from dspark.formats.convert import export_speculators, open_drafter
 from dspark.formats.gguf import export_gguf, read_gguf, resolve_tokenizer
 from dspark.formats.importers import import_drafter
-from dspark.model.checkpoint import WEIGHTS_NAME, load_drafter, save_drafter
-from dspark.model.pairing import config_for_target, init_drafter
+from dspark.model.pairing import config_for_target
 from dspark.model.vocab import mapping_from_kept_ids
 from dspark.target.frozen import read_target_facts
 from dspark.training.forward import block_forward

@@ -41,13 +41,13 @@ def test_untrained_dspark_is_lossless(tiny_targets, plain_outputs, arch, sample_
 @pytest.mark.parametrize("k", [1, 7])
 def test_untrained_eagle3_is_lossless(tiny_targets, plain_outputs, arch, k):
     from dspark.decoding import Eagle3Drafter
+    from dspark.formats.checkpoint import init_drafter
     from dspark.model.eagle3 import Eagle3Config
-    from dspark.model.pairing import config_for_target, init_drafter
+    from dspark.model.pairing import config_for_target
 
     target = tiny_targets[arch]
     config = Eagle3Config.like(config_for_target(target), speculative_steps=7)
     model = init_drafter(target, config)
-    target.set_aux_layers(config.aux_hidden_state_layer_ids)
     drafter = Eagle3Drafter(model, target_vocab_size=target.vocab_size)
     result = SpeculativeEngine(target, drafter, num_speculative_tokens=k).generate(
         encode(target), max_new_tokens=MAX_NEW, stop_token_ids=set()

@@ -489,9 +489,9 @@ def test_vllm_reads_our_block_drafters_as_we_mean_them(chat_target, tmp_path):
     )
     assert causal.exit_code == 2 and "causally" in causal.output
     # We read either value as the bidirectional block we train.
-    from dspark.model.config import DSparkConfig
+    from dspark.formats.checkpoint import load_config
 
-    assert DSparkConfig.load(old.parent).block_size == DSparkConfig.load(tmp_path / "dflash-spec").block_size
+    assert load_config(old.parent).block_size == load_config(tmp_path / "dflash-spec").block_size
 
 
 def test_datagen_through_a_server_gets_the_in_process_rows(server, chat_target, tmp_path):

@@ -12,10 +12,9 @@ ARCHS = ["llama", "qwen3", "deepseek_v3"]
 def test_aux_layer_ids_index_hf_hidden_states(tiny_targets, arch):
     target = tiny_targets[arch]
     ids = [0, 1, target.num_layers - 1, target.num_layers]
-    target.set_aux_layers(ids)
     tokens = torch.tensor(target.tokenizer("The answer is 42.")["input_ids"])
     target.reset()
-    step = target.forward(tokens, capture=True)
+    step = target.forward(tokens, capture=ids)
     with torch.inference_mode():
         hs = target.model(input_ids=tokens[None], output_hidden_states=True).hidden_states
     h = target.hidden_size
@@ -26,13 +25,15 @@ def test_aux_layer_ids_index_hf_hidden_states(tiny_targets, arch):
 def test_aux_layer_id_out_of_range_is_a_clear_error(tiny_targets):
     target = tiny_targets["llama"]
     with pytest.raises(TargetError, match=r"outside \[0, 4\]"):
-        target.set_aux_layers([1, 5])
+        target.check_layer_ids([1, 5])
+    target.reset()
+    with pytest.raises(TargetError, match=r"outside \[0, 4\]"):
+        target.forward(torch.tensor([1, 2]), capture=[1, 5])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_crop_then_extend_matches_a_fresh_forward(tiny_targets, arch):
     target = tiny_targets[arch]
-    target.set_aux_layers([1, 2])
     seq = torch.tensor(target.tokenizer("Natalia sold clips to 48 of her friends")["input_ids"])
     wrong = torch.tensor([5, 6, 7, 8])
     n = seq.shape[0] - 3
@@ -42,9 +43,9 @@ def test_crop_then_extend_matches_a_fresh_forward(tiny_targets, arch):
     assert target.cache_len == n + 4
     target.crop(n)
     assert target.cache_len == n
-    tail = target.forward(seq[n:], capture=True)
+    tail = target.forward(seq[n:], capture=(1, 2))
     target.reset()
-    fresh = target.forward(seq, capture=True)
+    fresh = target.forward(seq, capture=(1, 2))
     torch.testing.assert_close(tail.logits, fresh.logits[n:], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(tail.aux_hidden, fresh.aux_hidden[n:], rtol=1e-4, atol=1e-4)
 
@@ -145,3 +146,22 @@ def test_one_prompt_encoding_for_every_path(tiny_target_dirs, tmp_path):
         and encode_prompt(chat, "def f():")[-1] == chat.mask_token_id
     )
     assert encode_prompt(chat, "def f():", chat=False) == chat("def f():")["input_ids"]
+
+
+def test_each_forward_captures_the_layers_it_asks_for(tiny_targets):
+    """The target holds no capture state: two callers with different layers share it safely
+    (a drafter decoding while training's source captures others)."""
+    target = tiny_targets["qwen3"]
+    tokens = torch.tensor(target.tokenizer("one two three four")["input_ids"])
+    h = target.hidden_size
+    target.reset()
+    both = target.forward(tokens, capture=(3, 1)).aux_hidden
+    target.reset()
+    first = target.forward(tokens, capture=(1,)).aux_hidden
+    target.reset()
+    assert target.forward(tokens).aux_hidden is None
+    target.reset()
+    third = target.forward(tokens, capture=[3]).aux_hidden
+    assert both.shape[-1] == 2 * h
+    torch.testing.assert_close(both[:, :h], third)
+    torch.testing.assert_close(both[:, h:], first)

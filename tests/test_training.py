@@ -10,7 +10,7 @@ from helpers import untrained_drafter
 
 from dspark.decoding import DSparkDrafter, SpeculativeEngine
 from dspark.errors import CheckpointError
-from dspark.model.checkpoint import load_drafter
+from dspark.formats.checkpoint import load_drafter
 from dspark.training.data import InProcessSource, OnlineSource, load_examples
 from dspark.training.datagen import self_distill
 from dspark.training.evaluate import simulated_accept_len
@@ -52,7 +52,6 @@ def data(tiny_targets, tmp_path_factory):
 
 
 def real_accept_len(target, model):
-    target.set_aux_layers(model.config.aux_hidden_state_layer_ids)
     drafter = DSparkDrafter(model, target_vocab_size=target.vocab_size)
     prompt = target.tokenizer("the answer for")["input_ids"]
     return SpeculativeEngine(target, drafter, num_speculative_tokens=7).generate(
@@ -203,19 +202,17 @@ def test_ray_source_gives_the_same_loss_curve(tiny_targets, tiny_target_dirs, da
 def test_eagle3_peer_trains_with_the_same_pipeline(tiny_targets, data, tmp_path):
     """The EAGLE-3 peer goes through the same trainer, data and loss, and learns to draft."""
     from dspark.decoding import Eagle3Drafter
-    from dspark.model.checkpoint import load_drafter
+    from dspark.formats.checkpoint import init_drafter, load_drafter
     from dspark.model.eagle3 import Eagle3Config
-    from dspark.model.pairing import config_for_target, init_drafter
+    from dspark.model.pairing import config_for_target
 
     target = tiny_targets["qwen3"]
     config = Eagle3Config.like(config_for_target(target), speculative_steps=7)
     model = init_drafter(target, config)
     aux = config.aux_hidden_state_layer_ids
-    target.set_aux_layers(aux)
     prompt = target.tokenizer("the answer for")["input_ids"]
 
     def decode(m):
-        target.set_aux_layers(aux)  # the in-process source captures more layers while training
         drafter = Eagle3Drafter(m, target_vocab_size=target.vocab_size)
         return SpeculativeEngine(target, drafter, num_speculative_tokens=7).generate(
             prompt, max_new_tokens=48, stop_token_ids=set()
@@ -312,7 +309,7 @@ def test_recipe_continues_from_a_drafter_saved_without_embeddings(tiny_targets, 
     copy of the target's embedding), with the trained weights intact and the frozen ones from
     the target; init options beside `path` are refused, not ignored."""
     from dspark.errors import ConfigError
-    from dspark.model.checkpoint import save_drafter
+    from dspark.formats.checkpoint import save_drafter
     from dspark.training.recipe import Recipe, build_model
 
     target = tiny_targets["qwen3"]
@@ -338,8 +335,9 @@ def test_recipe_continues_from_a_drafter_saved_without_embeddings(tiny_targets, 
 def test_bf16_autocast_training_tracks_fp32(tiny_targets, data, tmp_path, kind):
     """`autocast_bf16` (the shipped recipes' setting) gives the fp32 loss curve within bf16
     noise for every drafter kind, and the loss still falls."""
+    from dspark.formats.checkpoint import init_drafter
     from dspark.model.eagle3 import Eagle3Config
-    from dspark.model.pairing import config_for_target, init_drafter
+    from dspark.model.pairing import config_for_target
 
     target = tiny_targets["qwen3"]
     if kind == "eagle3":
@@ -350,7 +348,6 @@ def test_bf16_autocast_training_tracks_fp32(tiny_targets, data, tmp_path, kind):
     aux = config.aux_hidden_state_layer_ids
 
     def run(bf16: bool, out):
-        target.set_aux_layers(aux)
         model = init_drafter(target, config)
         source = InProcessSource(target, load_examples(data), aux, seed=0)
         cfg = TrainConfig(steps=30, autocast_bf16=bf16, **CFG)
@@ -373,7 +370,6 @@ def test_feature_cache_workers_bf16_target_and_prefix_limit(tiny_targets, tiny_t
     target = tiny_targets["qwen3"]
     examples = load_examples(data, max_len=256)
     aux = untrained_drafter(target).config.aux_hidden_state_layer_ids
-    target.set_aux_layers(aux)
     one = build_feature_cache(target, examples, aux, tmp_path / "one", shard_size=6, progress=False)
     two = build_feature_cache(
         target,
@@ -391,7 +387,6 @@ def test_feature_cache_workers_bf16_target_and_prefix_limit(tiny_targets, tiny_t
     assert m1 == m2 and m1["target_dtype"] == "float32" and len(m1["shards"]) == 4
 
     half = TargetModel.from_pretrained(tiny_target_dirs["qwen3"], dtype=torch.bfloat16)
-    half.set_aux_layers(aux)
     with pytest.raises(DSparkError, match="target_dtype"):
         build_feature_cache(half, examples, aux, one, shard_size=6, progress=False)
     bf = build_feature_cache(half, examples, aux, tmp_path / "bf16", shard_size=6, progress=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from dspark.datasets import load_prompts
-from dspark.decoding.factory import DRAFTER_METHODS, make_drafter, make_engine
+from dspark.decoding.factory import make_drafter, make_engine
 from dspark.decoding.sampling import SamplingParams
 from dspark.errors import DSparkError
 from dspark.target.prompts import encode_prompt
@@ -107,7 +107,8 @@ def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> li
     suffix unless one is given. A drafter name or path followed by ``+ngram`` (``+ngramN``)
     drafts by prompt lookup when the last 3 (N) tokens recur, by the model otherwise
     (``dspark+ngram@cost``). The baseline is always first."""
-    from dspark.decoding.factory import METHODS, checkpoint_method
+    from dspark import families
+    from dspark.decoding.factory import checkpoint_method, methods
     from dspark.defaults import resolve_draft
 
     drafts = drafts or {}
@@ -129,10 +130,10 @@ def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> li
         name, lookup = _lookup_suffix(entry, name)
         if name == "ngram" and not rule and lookup is None:
             specs.append(MethodSpec("ngram", "ngram"))
-        elif name in DRAFTER_METHODS:
+        elif name in families.names():
             specs.append(MethodSpec(entry, name, resolve_draft(drafts.get(name), name), threshold, cost, lookup))
         else:
-            raise DSparkError(f"unknown method {entry!r}; choose from {', '.join(METHODS)} or LABEL=PATH")
+            raise DSparkError(f"unknown method {entry!r}; choose from {', '.join(methods())} or LABEL=PATH")
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise DSparkError(f"--methods: labels must be unique, got {labels}")

@@ -32,7 +32,8 @@ def run(
     seed: int,
 ) -> dict:
     from dspark.bench.provenance import finished, provenance, write_json
-    from dspark.model.pairing import config_for_target, init_drafter
+    from dspark.formats.checkpoint import init_drafter
+    from dspark.model.pairing import config_for_target
     from dspark.model.vocab import mapping_from_counts
     from dspark.target import TargetModel
     from dspark.training.data import InProcessSource, OnlineSource, assistant_token_counts, load_examples
@@ -70,7 +71,6 @@ def run(
     aux = config.aux_hidden_state_layer_ids
     results = {}
     t0 = time.perf_counter()
-    target.set_aux_layers(aux)
     build_feature_cache(target, rows, aux, work / "cache", shard_size=16, progress=False)
     cache_seconds = time.perf_counter() - t0
     for name in ("online", "offline", "inprocess"):

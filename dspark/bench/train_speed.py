@@ -29,23 +29,21 @@ from pathlib import Path
 
 import torch
 
-KINDS = {
+KINDS = {  # init options per drafter family
     "dspark": {"markov_rank": 64},
-    "dflash": {"markov_rank": 0, "enable_confidence_head": False},
-    "eagle3": {"markov_rank": 0, "enable_confidence_head": False},
+    "dflash": {},
+    "eagle3": {"speculative_steps": 7},
 }
 
 
 def _drafter(target, kind: str, vocab):
-    from dspark.model.eagle3 import Eagle3Config
-    from dspark.model.pairing import config_for_target, init_drafter
+    from dspark import families
+    from dspark.formats.checkpoint import init_drafter
 
-    config = config_for_target(
-        target, num_layers=1, mask_token_id=16, aux_layers=[2, 15, 27], draft_vocab_size=8192, **KINDS[kind]
-    )
-    if kind == "eagle3":
-        config = Eagle3Config.like(config, speculative_steps=7)
-    return init_drafter(target, config, seed=0, vocab=vocab)
+    options = {"layers": 1, "aux_layers": [2, 15, 27], "draft_vocab_size": 8192, **KINDS[kind]}
+    if kind != "eagle3":
+        options["mask_token_id"] = 16
+    return init_drafter(target, families.get(kind).config_for_target(target, options), seed=0, vocab=vocab)
 
 
 def _train_rate(target, kind: str, vocab, cache: Path, steps: int, new: bool, work: Path) -> dict:
@@ -92,7 +90,6 @@ def run(target_dir: Path, data: Path, out: Path, *, rows: int, steps: int) -> di
         features = {}
         torch.set_num_threads(2)
         fp32 = TargetModel.from_pretrained(target_dir)
-        fp32.set_aux_layers(aux)
         t0 = time.perf_counter()
         build_feature_cache(fp32, examples, aux, work / "fp32", shard_size=16, progress=False)
         wall = time.perf_counter() - t0

@@ -131,7 +131,7 @@ def measure_step_cost(target, drafter, *, repeats: int = 5, context_tokens: int 
     sync = torch.cuda.synchronize if device.type == "cuda" and torch.cuda.is_available() else (lambda: None)
     # Any in-vocab ids do: costs depend on shapes, not on which tokens.
     ids = (torch.arange(context_tokens, device=device) * 7919 + 11) % target.vocab_size
-    capture = getattr(drafter, "needs_aux_hidden", False)
+    capture = tuple(getattr(drafter, "aux_layer_ids", ()))
     target.reset()
     step = target.forward(ids, capture=capture)
     # Repeats go round-robin over the shapes, so a slow spell of a shared machine touches

@@ -35,7 +35,7 @@ class Proposal:
 
 class Drafter(Protocol):
     name: str
-    needs_aux_hidden: bool  # the engine must capture target aux-layer states for it
+    aux_layer_ids: tuple[int, ...]  # target layers the engine captures for it (empty: none)
 
     @property
     def max_draft_tokens(self) -> int: ...
@@ -62,7 +62,7 @@ class NgramDrafter:
     the verified text to its latest start keeps a lookup O(1) in the context length.
     """
 
-    needs_aux_hidden = False
+    aux_layer_ids = ()
 
     def __init__(self, vocab_size: int, *, max_ngram: int = 3, min_ngram: int = 1, max_draft: int = 16) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -128,7 +128,7 @@ class LookupFirstDrafter:
             vocab_size, min_ngram=min_ngram, max_ngram=max(min_ngram, 3), max_draft=model_drafter.max_draft_tokens
         )
         self.name = f"{model_drafter.name}+ngram"
-        self.needs_aux_hidden = model_drafter.needs_aux_hidden
+        self.aux_layer_ids = model_drafter.aux_layer_ids
         self.lookup_steps = 0  # steps drafted by the lookup / by the model (for reports)
         self.model_steps = 0
         self._lookup_seconds = 0.0
@@ -175,8 +175,6 @@ class DSparkDrafter:
     verified tokens only; it grows in `accept` and is never rolled back.
     """
 
-    needs_aux_hidden = True
-
     def __init__(
         self,
         model: DSparkDraftModel,
@@ -192,6 +190,7 @@ class DSparkDrafter:
         self.model = model.eval()
         self.config = model.config
         self.name = self.config.method
+        self.aux_layer_ids = tuple(self.config.aux_hidden_state_layer_ids)
         self.target_vocab_size = target_vocab_size
         self.confidence_threshold = confidence_threshold
         self._step_cost = None
@@ -320,12 +319,12 @@ class Eagle3Drafter:
     the anchor, is known. Drafted steps are never cached: they are recomputed per step.
     """
 
-    needs_aux_hidden = True
     name = "eagle3"
 
     def __init__(self, model, *, target_vocab_size: int) -> None:
         self.model = model.eval()
         self.config = model.config
+        self.aux_layer_ids = tuple(self.config.aux_hidden_state_layer_ids)
         self.target_vocab_size = target_vocab_size
         self._draft_to_target = model.draft_to_target
         self._k: torch.Tensor | None = None
@@ -363,8 +362,7 @@ class Eagle3Drafter:
         if prompt_aux.shape[-1] != self.model.fc.in_features:
             raise ValueError(
                 f"target aux hidden states are {prompt_aux.shape[-1]} wide, the drafter's fc takes "
-                f"{self.model.fc.in_features}: call target.set_aux_layers("
-                f"{list(self.config.aux_hidden_state_layer_ids)}) first"
+                f"{self.model.fc.in_features}: capture layers {list(self.aux_layer_ids)} in the target forward"
             )
         self._k = self._v = None
         self._next_pos = 1

@@ -97,11 +97,7 @@ class SpeculativeEngine:
         if int(prompt.max()) >= target.vocab_size or int(prompt.min()) < 0:
             raise ValueError(f"prompt token ids must lie in [0, {target.vocab_size})")
         stops = target.stop_token_ids() if stop_token_ids is None else set(stop_token_ids)
-        capture = drafter is not None and drafter.needs_aux_hidden
-        if capture:
-            wanted = tuple(drafter.config.aux_hidden_state_layer_ids)
-            if target.aux_layer_ids != wanted:  # another drafter (or training) set other layers
-                target.set_aux_layers(wanted)
+        capture = tuple(drafter.aux_layer_ids) if drafter is not None else ()
         device = target.device
 
         _sync(device)

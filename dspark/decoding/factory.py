@@ -1,4 +1,5 @@
-"""Build an engine for a named method: baseline, ngram, or a drafter checkpoint (dspark/dflash/eagle3)."""
+"""Build an engine for a named method: baseline, ngram, or a drafter checkpoint of a registered
+family (`dspark.families`: dspark, dflash, eagle3, ...)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,25 @@ from pathlib import Path
 
 import torch
 
-from dspark.decoding.draft_length import StepCost, measure_step_cost
-from dspark.decoding.drafters import Drafter, DSparkDrafter, Eagle3Drafter, LookupFirstDrafter, NgramDrafter
+from dspark import families
+from dspark.decoding.drafters import Drafter, LookupFirstDrafter, NgramDrafter
 from dspark.decoding.engine import SpeculativeEngine
 from dspark.defaults import DEFAULT_DRAFT_TOKENS
 from dspark.errors import DSparkError
-from dspark.model.checkpoint import load_drafter
-from dspark.model.pairing import check_config_fits, check_fits
+from dspark.formats.checkpoint import check_config_fits, load_drafter
+from dspark.model.pairing import check_fits
 from dspark.target.adapter import TargetModel
 
-METHODS = ("baseline", "ngram", "dspark", "dflash", "eagle3")
-DRAFTER_METHODS = ("dspark", "dflash", "eagle3")
+BUILTIN_METHODS = ("baseline", "ngram")  # decoding without a drafter checkpoint
+
+
+def methods() -> tuple[str, ...]:
+    """Every method name: baseline, ngram and each registered drafter family."""
+    return BUILTIN_METHODS + families.names()
 
 
 def checkpoint_method(path: str | Path) -> str:
-    """dspark / dflash / eagle3, from a drafter directory's config (a .gguf is DSpark-family)."""
+    """The family of a drafter directory, from its config.json (a .gguf is DSpark-family)."""
     import json
 
     path = Path(path)
@@ -35,8 +40,8 @@ def checkpoint_method(path: str | Path) -> str:
         kind = json.loads(config.read_text()).get("speculators_model_type")
     except (json.JSONDecodeError, AttributeError):
         raise DSparkError(f"{config}: not a valid drafter config (JSON object expected)") from None
-    if kind not in DRAFTER_METHODS:
-        raise DSparkError(f"{config}: speculators_model_type {kind!r} is not one of {', '.join(DRAFTER_METHODS)}")
+    if kind not in families.names():
+        raise DSparkError(f"{config}: speculators_model_type {kind!r} is not one of {', '.join(families.names())}")
     return kind
 
 
@@ -59,8 +64,7 @@ def precheck_pair(target: str | Path, draft: str | Path) -> str:
 
 def load_drafter_for(target: TargetModel, draft: str | Path, *, dtype: torch.dtype | None = None):
     """A drafter model (directory or llama.cpp .gguf) on the target's device and dtype, with the
-    target's embedding / head where the checkpoint leaves them out, checked against the target;
-    the target then captures the drafter's aux layers."""
+    target's embedding / head where the checkpoint leaves them out, checked against the target."""
     if Path(draft).suffix == ".gguf":  # a llama.cpp draft, dequantised: measure a quantised drafter
         from dspark.formats.gguf import read_gguf
 
@@ -81,7 +85,6 @@ def load_drafter_for(target: TargetModel, draft: str | Path, *, dtype: torch.dty
             num_target_layers=target.num_layers,
         )
     check_fits(model.config, target)
-    target.set_aux_layers(model.config.aux_hidden_state_layer_ids)
     return model
 
 
@@ -100,8 +103,10 @@ def make_drafter(
     ``prompt_lookup`` N (a drafter method only): draft the continuation of an earlier occurrence
     of the last N tokens when there is one, the model's block otherwise (`LookupFirstDrafter`)."""
     if prompt_lookup is not None:
-        if method not in DRAFTER_METHODS:
-            raise DSparkError(f"--prompt-lookup wraps a drafter checkpoint (dspark, dflash, eagle3), not {method}")
+        if method not in families.names():
+            raise DSparkError(
+                f"--prompt-lookup wraps a drafter checkpoint ({', '.join(families.names())}), not {method}"
+            )
         if prompt_lookup < 1:
             raise DSparkError(f"--prompt-lookup must be an n-gram length >= 1, got {prompt_lookup}")
         model_drafter = make_drafter(
@@ -113,34 +118,25 @@ def make_drafter(
             dtype=dtype,
         )
         return LookupFirstDrafter(model_drafter, target.vocab_size, min_ngram=prompt_lookup)
-    if cost_model is not None and method not in ("dspark", "dflash"):
-        raise DSparkError(f"--cost-model needs a drafter with a confidence head; {method} has none")
-    if method == "baseline":
-        return None
-    if method == "ngram":
-        return NgramDrafter(target.vocab_size)
-    if method in ("dspark", "dflash", "eagle3"):
-        if draft_dir is None:
-            raise DSparkError(f"method {method!r} needs a drafter directory (--draft)")
-        model = load_drafter_for(target, draft_dir, dtype=dtype)
-        if (model.config.method == "eagle3") != (method == "eagle3"):
-            raise DSparkError(f"{draft_dir}: holds a {model.config.method} drafter, not a {method} one")
-        if method == "eagle3":
-            if confidence_threshold is not None:
-                raise DSparkError("--confidence-threshold needs a drafter with a confidence head (eagle3 has none)")
-            return Eagle3Drafter(model, target_vocab_size=target.vocab_size)
-        try:
-            drafter = DSparkDrafter(
-                model, target_vocab_size=target.vocab_size, confidence_threshold=confidence_threshold
+    if method in BUILTIN_METHODS:
+        if cost_model is not None or confidence_threshold is not None:
+            raise DSparkError(
+                f"--cost-model and --confidence-threshold need a drafter with a confidence head; {method} has none"
             )
-            if cost_model is not None:  # the setter checks head and rule
-                drafter.step_cost = (
-                    measure_step_cost(target, drafter) if str(cost_model) == "auto" else StepCost.load(cost_model)
-                )
-            return drafter
-        except ValueError as exc:
-            raise DSparkError(f"{draft_dir}: {exc}") from None
-    raise DSparkError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        return None if method == "baseline" else NgramDrafter(target.vocab_size)
+    if method not in families.names():
+        raise DSparkError(f"unknown method {method!r}; choose from {', '.join(methods())}")
+    if draft_dir is None:
+        raise DSparkError(f"method {method!r} needs a drafter directory (--draft)")
+    model = load_drafter_for(target, draft_dir, dtype=dtype)
+    family = families.family_of(model.config)
+    # dspark and dflash share one backbone: either name runs either checkpoint of it.
+    if family.model_class is not families.get(method).model_class:
+        raise DSparkError(f"{draft_dir}: holds a {model.config.method} drafter, not a {method} one")
+    try:
+        return family.runtime(model, target, confidence_threshold=confidence_threshold, cost_model=cost_model)
+    except DSparkError as exc:
+        raise DSparkError(f"{draft_dir}: {exc}") from None
 
 
 def make_engine(target: TargetModel, drafter: Drafter | None, num_speculative_tokens: int | None) -> SpeculativeEngine:

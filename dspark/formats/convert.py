@@ -13,8 +13,9 @@ import torch
 
 from dspark.defaults import public_target_name
 from dspark.errors import CheckpointError, DSparkError
+from dspark.formats.checkpoint import check_config_fits
 from dspark.model.dspark import DSparkDraftModel
-from dspark.model.pairing import check_config_fits, check_fits
+from dspark.model.pairing import check_fits
 from dspark.target.frozen import TargetFacts, read_target_facts
 
 FORMATS = ("speculators", "gguf")
@@ -33,10 +34,9 @@ def open_drafter(
 ) -> tuple[DSparkDraftModel, TargetFacts | None]:
     """Read and validate a drafter of any supported kind. Without a target, frozen tensors the
     file leaves out are checked with zero placeholders of the right shape (validation only)."""
+    from dspark.formats.checkpoint import load_config, load_drafter
     from dspark.formats.gguf import read_gguf
     from dspark.formats.importers import import_drafter
-    from dspark.model.checkpoint import load_drafter
-    from dspark.model.config import DSparkConfig
 
     src = Path(path)
     kind = kind or detect_kind(src)
@@ -49,7 +49,7 @@ def open_drafter(
     if facts is None and kind in ("speculators", "ours"):
         # Placeholders from the config's own shapes, so a speculators file without frozen copies validates.
         try:
-            cfg = DSparkConfig.load(src)
+            cfg = load_config(src)
         except DSparkError:
             cfg = None
         if cfg is not None:
@@ -87,7 +87,7 @@ def refuse_overwrite(out: Path, force: bool) -> None:
 
 
 def export_speculators(model: DSparkDraftModel, out: Path, *, dtype: torch.dtype | None, force: bool) -> Path:
-    from dspark.model.checkpoint import save_drafter
+    from dspark.formats.checkpoint import save_drafter
 
     refuse_overwrite(out, force)
     tmp = out.with_name(f".{out.name}.partial")
@@ -102,7 +102,7 @@ def export_speculators(model: DSparkDraftModel, out: Path, *, dtype: torch.dtype
 
 def describe_path(path: str | Path, *, kind: str | None = None, target: str | Path | None = None) -> dict[str, Any]:
     """Validate a drafter of any kind and describe it (config, tensors, stored types)."""
-    from dspark.model.inspect import describe_config
+    from dspark.formats.inspect import describe_config
 
     src = Path(path)
     kind = kind or detect_kind(src)

@@ -246,14 +246,13 @@ def export_gguf(
     log: Callable[[str], None] = lambda _msg: None,
 ) -> ExportReport:
     """Write ``model`` as a llama.cpp ``draft-dspark`` GGUF at ``out`` (atomically)."""
-    from dspark.formats.speculators import config_json_text
+    from dspark.families import family_of
+    from dspark.formats.checkpoint import config_json_text
     from dspark.io import atomic_write
 
-    if model.config.method == "eagle3":
-        raise DSparkError(
-            "GGUF export covers the DSpark/DFlash family (llama.cpp draft-dspark); an eagle3 drafter "
-            "stays in the speculators format"
-        )
+    refusal = family_of(model.config).gguf_refusal
+    if refusal is not None:
+        raise DSparkError(refusal)
     gguf = _gguf()
     if outtype not in OUTTYPES:
         raise DSparkError(f"--outtype {outtype!r}: choose from {', '.join(OUTTYPES)} (K-quants: see docs/formats.md)")
@@ -401,7 +400,7 @@ def read_gguf(
     target_lm_head: torch.Tensor | None = None,
 ) -> DSparkDraftModel:
     """Read a ``draft-dspark`` GGUF back into our drafter, dequantised to fp32."""
-    from dspark.model.checkpoint import build_drafter
+    from dspark.formats.checkpoint import build_drafter
     from dspark.model.vocab import mapping_from_kept_ids
 
     gguf = _gguf()

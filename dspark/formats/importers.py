@@ -112,7 +112,7 @@ def import_drafter(
     log: Callable[[str], None] = lambda _msg: None,
 ) -> DSparkDraftModel:
     """Read a checkpoint of ``kind`` (one of `SOURCES`) into our drafter, validated."""
-    from dspark.model.checkpoint import build_drafter
+    from dspark.formats.checkpoint import build_drafter
 
     if kind not in SOURCES:
         raise CheckpointError(f"--from {kind!r}: choose from {', '.join(SOURCES)}")

@@ -29,6 +29,7 @@ from typing import Any
 
 from dspark.errors import ConfigError
 from dspark.model.config import LAYER_ID_CONVENTION, DSparkConfig
+from dspark.model.eagle3 import Eagle3Config
 
 CONFIG_NAME = "config.json"
 LEGACY_CONFIG_NAME = "dspark_config.json"
@@ -240,6 +241,17 @@ def from_speculators_dict(
         raise ConfigError(f"{source}: {exc}") from None
 
 
+def require_fields(data: dict[str, Any], path: str | Path, keys: tuple[str, ...], why: str) -> list[str]:
+    """Each of ``keys`` present and not null in a config.json, or `DSparkError` naming the first
+    missing one and ``why`` it matters; returns the checks done, for a report."""
+    from dspark.errors import DSparkError
+
+    for key in keys:
+        if data.get(key) is None:
+            raise DSparkError(f"{path}: field {key!r} is missing; {why}")
+    return [f"{key} present" for key in keys]
+
+
 def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -252,7 +264,7 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def eagle3_to_speculators_dict(config) -> dict[str, Any]:
+def eagle3_to_speculators_dict(config: Eagle3Config) -> dict[str, Any]:
     """The speculators ``eagle3`` config.json of an `Eagle3Config` (Llama decoder layer)."""
     verifier = config.extra.get("target")
     architectures = config.extra.get("target_architecture")
@@ -303,9 +315,9 @@ def eagle3_to_speculators_dict(config) -> dict[str, Any]:
     }
 
 
-def eagle3_from_speculators_dict(data: dict[str, Any], *, source: str, num_target_layers: int | None = None):
-    from dspark.model.eagle3 import Eagle3Config
-
+def eagle3_from_speculators_dict(
+    data: dict[str, Any], *, source: str, num_target_layers: int | None = None
+) -> Eagle3Config:
     layer = data.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise ConfigError(f"{source}: transformer_layer_config is missing or not an object")
@@ -351,24 +363,3 @@ def eagle3_from_speculators_dict(data: dict[str, Any], *, source: str, num_targe
         )
     except (ConfigError, KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from None
-
-
-def load_config(directory: str | Path, *, num_target_layers: int | None = None):
-    """The drafter config of ``directory``: speculators ``config.json`` (dspark, dflash or
-    eagle3), or our older ``dspark_config.json``."""
-    src = Path(directory)
-    path = src / CONFIG_NAME
-    if path.is_file():
-        data = read_json(path)
-        if data.get("speculators_model_type") == "eagle3":
-            return eagle3_from_speculators_dict(data, source=str(path), num_target_layers=num_target_layers)
-        return from_speculators_dict(data, source=str(path), num_target_layers=num_target_layers)
-    legacy = src / LEGACY_CONFIG_NAME
-    if legacy.is_file():
-        return DSparkConfig.from_dict(read_json(legacy), source=str(legacy))
-    raise ConfigError(f"{src}: no drafter config (expected {CONFIG_NAME}, speculators format)")
-
-
-def config_json_text(config) -> str:
-    data = eagle3_to_speculators_dict(config) if config.method == "eagle3" else to_speculators_dict(config)
-    return json.dumps(data, indent=2) + "\n"

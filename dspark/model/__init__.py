@@ -1,4 +1,4 @@
-"""What a drafter is: its config, its modules and its checkpoint format."""
+"""Drafter architectures: configs and modules (the families in `dspark.families` name them)."""
 
 from dspark.model.config import DSparkConfig
 from dspark.model.dspark import DSparkDraftModel

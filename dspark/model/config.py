@@ -1,8 +1,8 @@
 """`DSparkConfig`: every architectural field of a DSpark drafter, validated on construction.
 
 The config is saved beside the weights as a speculators ``config.json``
-(`dspark.formats.speculators`) and is the only thing loading reads to rebuild the model:
-nothing is guessed from a path or a tensor shape.
+(`dspark.formats.checkpoint.save_config`, fields in `dspark.formats.speculators`) and is the
+only thing loading reads to rebuild the model: nothing is guessed from a path or a tensor shape.
 
 Layer-id convention (``aux_hidden_state_layer_ids``): the speculators one. Id ``i``
 selects Hugging Face ``hidden_states[i]``, i.e. the *input* of decoder layer ``i``
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 from dspark.errors import ConfigError
@@ -192,19 +191,3 @@ class DSparkConfig:
 
     def replace(self, **changes: Any) -> DSparkConfig:
         return dataclasses.replace(self, **changes)
-
-    def save(self, directory: str | Path) -> Path:
-        """Write ``config.json`` in the speculators format (our native format)."""
-        from dspark.formats.speculators import CONFIG_NAME, config_json_text
-
-        path = Path(directory) / CONFIG_NAME
-        path.write_text(config_json_text(self))
-        return path
-
-    @classmethod
-    def load(cls, directory: str | Path, *, num_target_layers: int | None = None) -> DSparkConfig:
-        """Read the config of a drafter directory (speculators ``config.json``, or the
-        ``dspark_config.json`` of checkpoints written before the speculators format)."""
-        from dspark.formats.speculators import load_config
-
-        return load_config(directory, num_target_layers=num_target_layers)

@@ -199,7 +199,7 @@ class ConfidenceHead(nn.Module):
 
 
 class DSparkDraftModel(TargetTiedVocab, nn.Module):
-    """DSpark drafter. Build with a `DSparkConfig`; weights via `dspark.model.checkpoint`."""
+    """DSpark drafter. Build with a `DSparkConfig`; weights via `dspark.formats.checkpoint`."""
 
     def __init__(self, config: DSparkConfig) -> None:
         super().__init__()

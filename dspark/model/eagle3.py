@@ -50,9 +50,6 @@ class Eagle3Config:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     method = "eagle3"
-    sample_from_anchor = True  # the bonus token is the first drafted position's input
-    apply_verifier_norm = False
-    mask_token_id = 0  # unused; keeps check_fits uniform
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "aux_hidden_state_layer_ids", tuple(int(i) for i in self.aux_hidden_state_layer_ids))

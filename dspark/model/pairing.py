@@ -1,4 +1,4 @@
-"""Matching a drafter to a target: building an untrained one, and checking that one fits."""
+"""Matching a drafter to a target: a config sized from it, and checking that one fits."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import torch
 from dspark.defaults import public_target_name
 from dspark.errors import IncompatibleDraftError
 from dspark.model.config import DSparkConfig
-from dspark.model.dspark import DSparkDraftModel
-from dspark.model.vocab import identity_mapping
 from dspark.target.adapter import TargetModel
 
 
@@ -116,39 +114,6 @@ def _rope_theta(tcfg) -> float:
     return float(theta or getattr(tcfg, "rope_theta", None) or 10000.0)
 
 
-def init_drafter(
-    target: TargetModel,
-    config: DSparkConfig,
-    *,
-    seed: int = 0,
-    vocab: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> DSparkDraftModel:
-    """An untrained drafter for ``target``: random backbone/heads, frozen target embed/lm_head.
-
-    ``vocab`` = (d2t, t2d) for a pruned draft vocab (required when the config prunes)."""
-    check_fits(config, target)
-    torch.manual_seed(seed)
-    if config.method == "eagle3":
-        from dspark.model.eagle3 import Eagle3DraftModel
-
-        model = Eagle3DraftModel(config)
-    else:
-        model = DSparkDraftModel(config)
-    if vocab is not None:
-        model.set_vocab_mapping(*vocab)
-    elif config.uses_pruned_vocab:
-        raise IncompatibleDraftError(
-            f"draft_vocab_size {config.draft_vocab_size} < target vocab {config.target_vocab_size} needs "
-            "d2t/t2d tables (build them with `dspark vocab`)"
-        )
-    else:
-        model.set_vocab_mapping(*identity_mapping(config.target_vocab_size))
-    model.copy_target_weights(
-        target.embedding_weight().detach().float().cpu(), target.lm_head_weight().detach().float().cpu()
-    )
-    return model
-
-
 def check_fits(config: DSparkConfig, target) -> None:
     """Raise `IncompatibleDraftError` naming every field where drafter and target disagree.
 
@@ -170,19 +135,8 @@ def check_fits(config: DSparkConfig, target) -> None:
         problems.append(
             f"aux layer ids {list(config.aux_hidden_state_layer_ids)}: {bad} outside [0, {target.num_layers}]"
         )
-    if not 0 <= config.mask_token_id < target.vocab_size:
-        problems.append(f"mask_token_id {config.mask_token_id} outside the target vocab")
+    mask = getattr(config, "mask_token_id", None)  # block drafters fill their draft slots with it
+    if mask is not None and not 0 <= mask < target.vocab_size:
+        problems.append(f"mask_token_id {mask} outside the target vocab")
     if problems:
         raise IncompatibleDraftError(f"drafter does not fit target {target.name}: " + "; ".join(problems))
-
-
-def check_config_fits(draft, target) -> None:
-    """`check_fits` from a drafter directory's config alone: a mismatch names the fields
-    before any weights are read, in the one wording whichever side is wrong."""
-    from dspark.errors import CheckpointError, ConfigError
-
-    try:
-        config = DSparkConfig.load(draft, num_target_layers=target.num_layers)
-    except ConfigError as exc:
-        raise CheckpointError(str(exc)) from None
-    check_fits(config, target)

@@ -9,6 +9,7 @@ hidden states of the aux layers (speculators convention: id ``i`` = HF
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -93,10 +94,9 @@ class TargetModel:
         params = inspect.signature(model.forward).parameters
         # transformers >= 5.24 renamed `past_key_values` to `cache`.
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self._aux_ids: tuple[int, ...] = ()
-        self._hooks: list = []
+        self._hooked: set[int] = set()  # layer ids with a capture hook
         self._captured: dict[int, torch.Tensor] = {}
-        self._capture = False
+        self._capture: tuple[int, ...] = ()  # the ids the running forward asked for
         self.cache = None
         # Deferred output head: keep the final norm's output and project only the rows asked
         # for. Enabled after a one-time check that the model's logits are exactly head(norm(h))
@@ -164,10 +164,6 @@ class TargetModel:
     def num_layers(self) -> int:
         return len(self._layers)
 
-    @property
-    def aux_layer_ids(self) -> tuple[int, ...]:
-        return self._aux_ids
-
     def embedding_weight(self) -> torch.Tensor:
         return self._embed.weight
 
@@ -185,8 +181,8 @@ class TargetModel:
         return ids
 
     # ------------------------------------------------------------------ aux capture
-    def set_aux_layers(self, layer_ids: tuple[int, ...] | list[int]) -> None:
-        """Capture HF ``hidden_states[i]`` for each id during `forward(capture=True)`."""
+    def check_layer_ids(self, layer_ids: Sequence[int]) -> tuple[int, ...]:
+        """``layer_ids`` as a tuple, or `TargetError` naming the ids this target does not have."""
         ids = tuple(int(i) for i in layer_ids)
         bad = [i for i in ids if not 0 <= i <= self.num_layers]
         if bad:
@@ -194,27 +190,30 @@ class TargetModel:
                 f"aux layer ids {list(ids)}: {bad} outside [0, {self.num_layers}] for "
                 f"{self.name} ({self.num_layers} decoder layers; id i = HF hidden_states[i])"
             )
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        self._aux_ids = ids
+        return ids
+
+    def _hook_layers(self, ids: tuple[int, ...]) -> None:
+        """A capture hook on each layer of ``ids`` not hooked yet. Hooks stay: each records
+        only while a forward asks for its layer, so callers never share capture state."""
 
         def make_hook(layer_id: int):
             def hook(_module, _args, output):
-                if self._capture:
-                    out = output[0] if isinstance(output, tuple) else output
-                    self._captured[layer_id] = out
+                if layer_id in self._capture:
+                    self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
 
             return hook
 
         for i in ids:
+            if i in self._hooked:
+                continue
             if i == 0:
                 module = self._embed
             elif i == self.num_layers:
                 module = self._norm
             else:
                 module = self._layers[i - 1]
-            self._hooks.append(module.register_forward_hook(make_hook(i)))
+            module.register_forward_hook(make_hook(i))
+            self._hooked.add(i)
 
     # ------------------------------------------------------------------ cache
     def reset(self) -> None:
@@ -240,12 +239,15 @@ class TargetModel:
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, *, capture: bool = False) -> TargetStep:
-        """Run ``input_ids`` [n] after the cached positions; the cache grows by n."""
+    def forward(self, input_ids: torch.Tensor, *, capture: Sequence[int] = ()) -> TargetStep:
+        """Run ``input_ids`` [n] after the cached positions; the cache grows by n.
+
+        ``capture``: the layer ids (HF ``hidden_states[i]``) whose states come back as
+        ``aux_hidden`` [n, len(capture)·H], in that order; empty: none."""
         if self.cache is None:
             self.reset()
-        if capture and not self._aux_ids:
-            raise TargetError("forward(capture=True) needs set_aux_layers() first")
+        capture = self.check_layer_ids(capture)
+        self._hook_layers(capture)
         ids = input_ids.to(self.device).view(1, -1)
         deferred = (
             self.defer_head and self._deferred_ok is not False and self._has_logits_to_keep and self._head is not None
@@ -270,13 +272,13 @@ class TargetModel:
             self.crop(start)
             return self.forward(input_ids, capture=capture)
         finally:
-            self._capture = False
+            self._capture = ()
             self._keep_final = False
         final, self._final = self._final, None
         self._index_ok = self._index_ok or (deferred and not checking)
         aux = None
         if capture:
-            aux = torch.cat([self._captured[i][0] for i in self._aux_ids], dim=-1)
+            aux = torch.cat([self._captured[i][0] for i in capture], dim=-1)
             self._captured = {}
         if not deferred:
             return TargetStep(logits=out.logits[0].float(), aux_hidden=aux)

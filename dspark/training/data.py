@@ -95,10 +95,8 @@ def extract_features(target, example: Example, aux_ids: tuple[int, ...], index: 
     """One target forward over the whole example, capturing aux layers and the final state."""
     last_id = target.num_layers
     ids = tuple(aux_ids) + ((last_id,) if last_id not in aux_ids else ())
-    if target.aux_layer_ids != ids:
-        target.set_aux_layers(ids)
     target.reset()
-    step = target.forward(example.input_ids, capture=True)
+    step = target.forward(example.input_ids, capture=ids)
     h = target.hidden_size
     feats = step.aux_hidden.float()
     last = feats[:, ids.index(last_id) * h : (ids.index(last_id) + 1) * h]

@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dspark.families import training_forward
 from dspark.model.dspark import DSparkDraftModel
 from dspark.training.blocks import sample_anchors
 from dspark.training.data import Example, extract_features
-from dspark.training.forward import block_forward, eagle3_forward
 
 
 class _Tally:
@@ -23,7 +23,7 @@ class _Tally:
 
     def __init__(self, model: DSparkDraftModel, num_drafts: int | None) -> None:
         self.model = model
-        self.forward = eagle3_forward if model.config.method == "eagle3" else block_forward
+        self.forward = training_forward(model.config)
         d = model.config.drafts_per_block
         if num_drafts is not None:
             if not 1 <= num_drafts <= d:

@@ -59,7 +59,7 @@ def _worker_init(target_dir: str, target_dtype: str, data: str, max_len: int, au
 
     torch.set_num_threads(1)
     target = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, target_dtype))
-    target.set_aux_layers(tuple(aux_ids))
+    target.check_layer_ids(aux_ids)
     _WORKER.update(
         target=target,
         examples=load_examples(data, max_len=max_len),

@@ -11,8 +11,8 @@ drafter:                     # init options (or `path:` to continue from a draft
   block_size: 8
   markov_rank: 256
   vocab: vocab.safetensors   # from `dspark vocab` (optional: full target vocab otherwise)
-  # method: eagle3           # the EAGLE-3 peer instead (one layer, chain drafting;
-  # speculative_steps: 7     #   training-time test this deep)
+  # method: eagle3           # the family: dspark (default), dflash (no heads), eagle3 (one
+  # speculative_steps: 7     #   layer drafting a chain, its training-time test this deep)
 train:                       # TrainConfig fields
   steps: 1000
   lr: 3.0e-4
@@ -32,20 +32,7 @@ from dspark.training.trainer import TrainConfig
 
 TOP_KEYS = {"preset", "target", "data", "out", "source", "cache", "ray", "drafter", "train", "seed"}
 RAY_KEYS = {"address", "num_workers", "num_cpus_per_worker", "in_flight"}
-DRAFTER_INIT_KEYS = {
-    "path",
-    "method",
-    "speculative_steps",
-    "layers",
-    "block_size",
-    "aux_layers",
-    "mask_token_id",
-    "markov_rank",
-    "markov_head_type",
-    "confidence_head",
-    "sample_from_anchor",
-    "vocab",
-}
+DRAFTER_KEYS = {"path", "method", "vocab"}  # and the init options of the families (`drafter_keys`)
 SOURCES = ("online", "inprocess", "offline", "ray")
 
 
@@ -63,6 +50,17 @@ class Recipe:
 
 
 PATH_KEYS = ("target", "data", "out", "cache")
+
+
+def drafter_keys() -> set[str]:
+    """Keys a recipe's ``drafter`` section may hold: a path, a family, a vocab, or the init
+    options of any registered family (checked against the chosen family in `build_model`)."""
+    from dspark import families
+
+    keys = set(DRAFTER_KEYS)
+    for name in families.names():
+        keys |= families.get(name).init_options
+    return keys - {"draft_vocab_size"}  # set from drafter.vocab
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
@@ -112,9 +110,10 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if source not in SOURCES:
         raise ConfigError(f"{src}: source must be one of {SOURCES}, got {source!r}")
     drafter = raw.get("drafter") or {}
-    bad = sorted(set(drafter) - DRAFTER_INIT_KEYS)
+    allowed = drafter_keys()
+    bad = sorted(set(drafter) - allowed)
     if bad:
-        raise ConfigError(f"{src}: unknown drafter key(s) {bad}; allowed: {sorted(DRAFTER_INIT_KEYS)}")
+        raise ConfigError(f"{src}: unknown drafter key(s) {bad}; allowed: {sorted(allowed)}")
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
     train_raw = dict(get_preset(raw["preset"])["train"]) if raw.get("preset") else {}
     user_train = raw.get("train") or {}
@@ -152,19 +151,22 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 
 
 def build_model(recipe: Recipe, target):
-    """The drafter a recipe starts from: an existing directory, a preset, or init options."""
+    """The drafter a recipe starts from: an existing directory, a preset, or init options of
+    its family (``drafter.method``, default dspark)."""
     import torch
     from safetensors.torch import load_file
 
-    from dspark.model.checkpoint import load_drafter
+    from dspark import families
+    from dspark.formats.checkpoint import init_drafter, load_drafter
     from dspark.model.config import DSparkConfig
-    from dspark.model.pairing import check_fits, config_for_target, init_drafter
+    from dspark.model.pairing import check_fits
     from dspark.training.presets import preset as get_preset
 
     opts = dict(recipe.drafter)
     method = opts.pop("method", "dspark")
-    if method not in ("dspark", "eagle3"):
-        raise ConfigError(f"drafter.method must be dspark or eagle3, got {method!r}")
+    if method not in families.names():
+        raise ConfigError(f"drafter.method must be one of {', '.join(families.names())}, got {method!r}")
+    family = families.get(method)
     if "path" in opts:
         # Continue from a trained drafter: its architecture comes from its own config, so
         # init options beside `path` would be silently ignored; refuse them instead.
@@ -177,7 +179,7 @@ def build_model(recipe: Recipe, target):
             target_lm_head=target.lm_head_weight().detach().float().cpu(),
             num_target_layers=target.num_layers,
         )
-        if model.config.method != method and recipe.drafter.get("method"):
+        if families.family_of(model.config).model_class is not family.model_class and recipe.drafter.get("method"):
             raise ConfigError(f"drafter.method is {method} but {opts['path']} holds a {model.config.method} drafter")
         check_fits(model.config, target)
         return model
@@ -193,21 +195,10 @@ def build_model(recipe: Recipe, target):
     if recipe.preset:
         config = DSparkConfig(**get_preset(recipe.preset)["drafter"])
     else:
-        config = config_for_target(
-            target,
-            num_layers=opts.get("layers", 1),
-            block_size=opts.get("block_size", 8),
-            aux_layers=opts.get("aux_layers"),
-            mask_token_id=opts.get("mask_token_id"),
-            markov_rank=opts.get("markov_rank", 256),
-            markov_head_type=opts.get("markov_head_type", "vanilla"),
-            enable_confidence_head=opts.get("confidence_head", True),
-            confidence_head_with_markov=opts.get("confidence_head", True) and opts.get("markov_rank", 256) > 0,
-            sample_from_anchor=opts.get("sample_from_anchor", True),
-            draft_vocab_size=int(vocab[0].numel()) if vocab else None,
-        )
-    if method == "eagle3":
-        from dspark.model.eagle3 import Eagle3Config
-
-        config = Eagle3Config.like(config, speculative_steps=int(opts.get("speculative_steps", 7)))
+        if unknown := sorted(set(opts) - family.init_options):
+            reads = sorted(family.init_options - {"draft_vocab_size"})
+            raise ConfigError(f"drafter: {unknown} are not options of the {method} family (it reads {reads})")
+        if vocab is not None:
+            opts["draft_vocab_size"] = int(vocab[0].numel())
+        config = family.config_for_target(target, opts)
     return init_drafter(target, config, seed=recipe.train.seed, vocab=vocab)

@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 from dspark.errors import CheckpointError
+from dspark.families import training_forward
+from dspark.formats.checkpoint import save_drafter
 from dspark.io import sha256_file
-from dspark.model.checkpoint import save_drafter
 from dspark.model.dspark import DSparkDraftModel
 from dspark.model.vocab import target_to_draft_ids
 from dspark.training.blocks import sample_anchors
-from dspark.training.forward import block_forward, eagle3_forward
 from dspark.training.losses import LossWeights, dspark_loss
 
 
@@ -99,6 +99,7 @@ class Trainer:
         progress: bool = True,
     ) -> None:
         self.model, self.source, self.cfg = model, source, cfg
+        self.forward = training_forward(model.config)  # the family's teacher-forced forward
         self.out = Path(out_dir)
         self.rank, self.world = rank, world_size
         self.ddp = ddp_model
@@ -174,8 +175,7 @@ class Trainer:
             return None, None
         model = self.ddp or self.model
         with self._autocast():
-            forward = eagle3_forward if self.model.config.method == "eagle3" else block_forward
-            out = forward(
+            out = self.forward(
                 model.module if self.ddp else model,
                 batch.aux_hidden,
                 batch.input_ids,

@@ -6,14 +6,13 @@ from pathlib import Path
 
 import torch
 
-from dspark.model.config import DSparkConfig
-from dspark.model.dspark import DSparkDraftModel
+from dspark.families import family_of
 
 
-def describe_config(config: DSparkConfig, *, float_dtype: torch.dtype = torch.bfloat16) -> dict:
+def describe_config(config, *, float_dtype: torch.dtype = torch.bfloat16) -> dict:
     """Shapes of the checkpoint a config implies (instantiated on the meta device)."""
     with torch.device("meta"):
-        model = DSparkDraftModel(config)
+        model = family_of(config).model_class(config)
     tensors = {}
     total_bytes = 0
     for name, t in model.state_dict().items():
@@ -39,9 +38,9 @@ def describe_checkpoint(path: str | Path) -> dict:
     """Read and validate a checkpoint; report it in its stored dtypes."""
     from safetensors import safe_open
 
-    from dspark.model.checkpoint import WEIGHTS_NAME, load_drafter
+    from dspark.formats.checkpoint import WEIGHTS_NAME, load_config, load_drafter
 
-    config = DSparkConfig.load(path)
+    config = load_config(path)
     # Validates config, names, shapes and the vocab mapping; a checkpoint that takes its
     # embedding from the target is checked with a placeholder of the right shape.
     model = load_drafter(path, target_embedding=torch.zeros(config.target_vocab_size, config.hidden_size))
