@@ -6,7 +6,8 @@ cache, whatever the HTTP side does. Requests wait in a bounded queue (full queue
 `QueueFullError`, the HTTP layer answers 429). Each request carries a cancel flag (client gone,
 time-out, shutdown) that the engine checks after every verification step.
 
-Tokens go back to the request's asyncio queue with ``loop.call_soon_threadsafe``.
+Events go back to the request's asyncio queue with ``loop.call_soon_threadsafe``: `Tokens`
+as each step verifies them, then `Finished` or `Failed`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,32 @@ import torch
 from dspark.decoding.engine import GenerationResult, SpeculativeEngine
 from dspark.decoding.sampling import SamplingParams
 from dspark.serve.metrics import Metrics
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Tokens one step emitted, and the text they release (stop strings held back)."""
+
+    ids: list[int]
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The request is done: ``reason`` is stop, length, timeout or abort."""
+
+    reason: str
+    result: GenerationResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request could not be served (an error, or the server shutting down)."""
+
+    message: str
+
+
+Event = Tokens | Finished | Failed
 
 
 class QueueFullError(Exception):
@@ -42,13 +69,13 @@ class Job:
     stop: list[str]
     speculative: bool
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue  # ("tokens", [ids], text_delta) | ("done", info) | ("error", message)
+    events: asyncio.Queue  # of `Event`
     deadline: float  # time.monotonic() after which the job is cut short
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
 
-    def emit(self, item: tuple) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+    def emit(self, event: Event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
 class StopStrings:
@@ -151,7 +178,7 @@ class Worker:
             except queue.Empty:
                 break
             if job is not None:
-                job.emit(("error", "the server is shutting down"))
+                job.emit(Failed("the server is shutting down"))
         self._current_cancel()
         self.queue.put(None)
         self._thread.join(timeout=30)
@@ -184,7 +211,7 @@ class Worker:
             try:
                 self._serve(job)
             except Exception as exc:  # noqa: BLE001 - one bad request must not stop the worker
-                job.emit(("error", f"{type(exc).__name__}: {exc}"))
+                job.emit(Failed(f"{type(exc).__name__}: {exc}"))
                 self.metrics.inc("dspark:request_errors_total")
             finally:
                 self._job = None
@@ -200,7 +227,7 @@ class Worker:
         def on_tokens(new: list[int]) -> bool:
             emitted.extend(new)
             delta = text.push(new)
-            job.emit(("tokens", new, delta))
+            job.emit(Tokens(new, delta))
             if text.hit:
                 reason["value"] = "stop"
                 return True
@@ -221,10 +248,10 @@ class Worker:
         )
         tail = text.flush()
         if tail:
-            job.emit(("tokens", [], tail))
+            job.emit(Tokens([], tail))
         finish = reason["value"]
         if finish is None:
             stops = engine.target.stop_token_ids()
             finish = "stop" if result.tokens and result.tokens[-1] in stops else "length"
         self.metrics.observe_request(job, result, time.monotonic() - started, started - job.enqueued_at, finish)
-        job.emit(("done", {"finish_reason": finish, "result": result}))
+        job.emit(Finished(finish, result))
