@@ -484,8 +484,8 @@ def evaluate_cmd(
     """Teacher-forced acceptance of a drafter on rows of a data file: a quick check before serving."""
     from tqdm import tqdm
 
-    from dspark.decoding.factory import load_drafter_for
     from dspark.defaults import resolve_draft, resolve_target
+    from dspark.formats.convert import open_drafter
     from dspark.target import TargetModel
     from dspark.training.data import load_examples
     from dspark.training.evaluate import simulated_accept_len_many
@@ -496,7 +496,7 @@ def evaluate_cmd(
             raise DSparkError(f"{data}: no rows left after --skip {skip}")
         draft_dirs = [resolve_draft(d, "dspark") for d in (draft or [None])]
         tgt = TargetModel.from_pretrained(resolve_target(target), device=_device(device))
-        models = [load_drafter_for(tgt, d) for d in draft_dirs]
+        models = [open_drafter(d, target=tgt) for d in draft_dirs]
         with tqdm(total=len(examples), desc="evaluate", unit="row", disable=as_json) as bar:
             reports = simulated_accept_len_many(
                 models,
@@ -612,10 +612,12 @@ def export_cmd(
 
     from dspark.defaults import resolve_target
     from dspark.formats.convert import export_speculators, fill_from_target, open_drafter, refuse_overwrite
+    from dspark.target.frozen import read_target_facts
 
     try:
         target_dir = resolve_target(target) if (target is not None or fmt == ExportFormat.gguf) else None
-        model, facts = open_drafter(draft, target=target_dir)
+        facts = read_target_facts(target_dir) if target_dir is not None else None
+        model = open_drafter(draft, target=facts)
         fill_from_target(model, facts)
         if fmt == ExportFormat.speculators:
             dtypes = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.bfloat16}
@@ -672,18 +674,20 @@ def import_cmd(
 
     from dspark.defaults import resolve_target
     from dspark.formats.convert import export_speculators, fill_from_target, open_drafter
+    from dspark.target.frozen import read_target_facts
 
     try:
-        target_dir = resolve_target(target)
-        model, facts = open_drafter(src, kind=source.value, target=target_dir)
+        facts = read_target_facts(resolve_target(target))
+        model = open_drafter(src, kind=source.value, target=facts)
         fill_from_target(model, facts)
         path = export_speculators(model, out, dtype=torch.bfloat16, force=force)
     except DSparkError as exc:
         _fail(str(exc))
     cfg = model.config
+    layout = f", sample_from_anchor={str(cfg.sample_from_anchor).lower()}" if hasattr(cfg, "sample_from_anchor") else ""
     typer.echo(
-        f"{path}: {cfg.method}, {cfg.num_hidden_layers} layers, block {cfg.block_size}, "
-        f"aux ids {list(cfg.aux_hidden_state_layer_ids)}, sample_from_anchor={str(cfg.sample_from_anchor).lower()}",
+        f"{path}: {cfg.method}, {cfg.num_hidden_layers} layers, {cfg.drafts_per_block} drafts per step, "
+        f"aux ids {list(cfg.aux_hidden_state_layer_ids)}{layout}",
     )
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from dspark.decoding.factory import load_drafter_for
 from dspark.defaults import default_draft_dir, default_target_dir
 from dspark.formats.checkpoint import load_drafter, save_drafter
+from dspark.formats.convert import open_drafter
 from dspark.target import TargetModel
 from dspark.training.data import load_examples
 from dspark.training.evaluate import simulated_accept_len
@@ -36,7 +36,7 @@ EVAL_ROWS = 64
 
 def teacher_forced(out: Path, target: TargetModel) -> dict:
     """accept_len of the shipped copy, loaded as `dspark evaluate --draft models/...` loads it."""
-    model = load_drafter_for(target, out)
+    model = open_drafter(out, target=target)
     train = load_examples(DATA, max_len=512)[:EVAL_ROWS]
     held = load_examples(HELDOUT, max_len=512)
     return {

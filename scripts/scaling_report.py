@@ -63,8 +63,8 @@ def main() -> None:
     from tqdm import tqdm
 
     from dspark.bench.provenance import finished, provenance, write_json
-    from dspark.decoding.factory import load_drafter_for
     from dspark.defaults import default_target_dir
+    from dspark.formats.convert import open_drafter
     from dspark.target import TargetModel
     from dspark.training.data import load_examples
     from dspark.training.evaluate import simulated_accept_len_many
@@ -76,7 +76,7 @@ def main() -> None:
     train = [json.loads(line) for line in (C / "train.jsonl").open()]
     meta = provenance(0, heldout_rows=len(held), n=7, anchors_per_row=32)
     target = TargetModel.from_pretrained(default_target_dir())
-    models = [load_drafter_for(target, r["path"]) for r in found]
+    models = [open_drafter(r["path"], target=target) for r in found]
     with tqdm(total=len(held), desc="evaluate", unit="row") as bar:
         reports = simulated_accept_len_many(
             models, target, held, max_anchors=32, num_drafts=7, seed=0, on_example=bar.update

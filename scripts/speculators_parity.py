@@ -76,7 +76,10 @@ def make(args: argparse.Namespace) -> None:
     if args.draft in TINY_VARIANTS:
         model, facts = _tiny(args.draft, out)
     else:
-        model, facts = open_drafter(args.draft, target=args.target)
+        from dspark.target.frozen import read_target_facts
+
+        facts = read_target_facts(args.target) if args.target else None
+        model = open_drafter(args.draft, target=facts)
     fill_from_target(model, facts)
     model = model.float().eval()
     export_speculators(model, out / "checkpoint", dtype=torch.float32, force=True)

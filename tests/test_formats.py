@@ -236,7 +236,7 @@ def test_import_foreign_speculators_needs_the_target(qwen3, tiny_target_dirs, tm
     (tmp_path / "s" / "config.json").write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match="pass the target"):
         open_drafter(tmp_path / "s")
-    back, _ = open_drafter(tmp_path / "s", target=tiny_target_dirs["qwen3"])
+    back = open_drafter(tmp_path / "s", target=read_target_facts(tiny_target_dirs["qwen3"]))
     assert_same_outputs(model, back)
 
 

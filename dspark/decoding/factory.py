@@ -12,8 +12,8 @@ from dspark.decoding.drafters import Drafter, LookupFirstDrafter, NgramDrafter
 from dspark.decoding.engine import SpeculativeEngine
 from dspark.defaults import DEFAULT_DRAFT_TOKENS
 from dspark.errors import DSparkError
-from dspark.formats.checkpoint import check_config_fits, load_drafter
-from dspark.model.pairing import check_fits
+from dspark.formats.checkpoint import check_config_fits
+from dspark.formats.convert import open_drafter
 from dspark.target.adapter import TargetModel
 
 BUILTIN_METHODS = ("baseline", "ngram")  # decoding without a drafter checkpoint
@@ -62,32 +62,6 @@ def precheck_pair(target: str | Path, draft: str | Path) -> str:
     return method
 
 
-def load_drafter_for(target: TargetModel, draft: str | Path, *, dtype: torch.dtype | None = None):
-    """A drafter model (directory or llama.cpp .gguf) on the target's device and dtype, with the
-    target's embedding / head where the checkpoint leaves them out, checked against the target."""
-    if Path(draft).suffix == ".gguf":  # a llama.cpp draft, dequantised: measure a quantised drafter
-        from dspark.formats.gguf import read_gguf
-
-        model = read_gguf(
-            draft,
-            num_target_layers=target.num_layers,
-            target_embedding=target.embedding_weight(),
-            target_lm_head=target.lm_head_weight(),
-        ).to(device=target.device, dtype=dtype or target.dtype)
-    else:
-        check_config_fits(draft, target)
-        model = load_drafter(
-            draft,
-            device=target.device,
-            dtype=dtype or target.dtype,
-            target_embedding=target.embedding_weight(),
-            target_lm_head=target.lm_head_weight(),
-            num_target_layers=target.num_layers,
-        )
-    check_fits(model.config, target)
-    return model
-
-
 def make_drafter(
     method: str,
     target: TargetModel,
@@ -128,7 +102,7 @@ def make_drafter(
         raise DSparkError(f"unknown method {method!r}; choose from {', '.join(methods())}")
     if draft_dir is None:
         raise DSparkError(f"method {method!r} needs a drafter directory (--draft)")
-    model = load_drafter_for(target, draft_dir, dtype=dtype)
+    model = open_drafter(draft_dir, target=target, dtype=dtype)
     family = families.family_of(model.config)
     # dspark and dflash share one backbone: either name runs either checkpoint of it.
     if family.model_class is not families.get(method).model_class:

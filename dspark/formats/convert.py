@@ -30,41 +30,55 @@ def detect_kind(path: Path) -> str:
 
 
 def open_drafter(
-    path: str | Path, *, kind: str | None = None, target: str | Path | None = None
-) -> tuple[DSparkDraftModel, TargetFacts | None]:
-    """Read and validate a drafter of any supported kind. Without a target, frozen tensors the
-    file leaves out are checked with zero placeholders of the right shape (validation only)."""
+    path: str | Path,
+    *,
+    kind: str | None = None,
+    target=None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+):
+    """Read and validate a drafter of any family and file kind: the one way in for every command.
+
+    ``kind``: speculators (a directory: ours, speculators'), gguf, dflash (z-lab), deepspec;
+    default from the path. ``target``: a loaded `TargetModel` (the drafter then goes to its
+    device and dtype unless given), the `TargetFacts` of a target directory, or None to
+    validate alone (frozen tensors the file leaves out are checked with zero placeholders of
+    the right shape). With a target, the pair is checked from the config before any weights
+    are read, and again once loaded (`check_fits`, one wording)."""
     from dspark.formats.checkpoint import load_config, load_drafter
     from dspark.formats.gguf import read_gguf
     from dspark.formats.importers import import_drafter
 
     src = Path(path)
     kind = kind or detect_kind(src)
-    facts = read_target_facts(target) if target is not None else None
-    n_layers = facts.num_layers if facts else None
-    embed = facts.embedding if facts else None
-    head = facts.lm_head if facts else None
-    if facts is not None and kind in ("speculators", "ours"):
-        check_config_fits(src, facts)  # before the weights are read
-    if facts is None and kind in ("speculators", "ours"):
-        # Placeholders from the config's own shapes, so a speculators file without frozen copies validates.
-        try:
-            cfg = load_config(src)
-        except DSparkError:
-            cfg = None
-        if cfg is not None:
-            embed = head = torch.zeros(cfg.target_vocab_size, cfg.hidden_size)
+    n_layers = target.num_layers if target is not None else None
+    embed = target.embedding_weight() if target is not None else None
+    head = target.lm_head_weight() if target is not None else None
+    if kind in ("speculators", "ours"):
+        if target is not None:
+            check_config_fits(src, target)  # before the weights are read
+        else:  # placeholders from the config's own shapes
+            try:
+                cfg = load_config(src)
+            except DSparkError:
+                cfg = None
+            if cfg is not None:
+                embed = head = torch.zeros(cfg.target_vocab_size, cfg.hidden_size)
     if kind == "gguf":
         model = read_gguf(src, num_target_layers=n_layers, target_embedding=embed, target_lm_head=head)
     elif kind in ("speculators", "ours"):
         model = load_drafter(src, target_embedding=embed, target_lm_head=head, num_target_layers=n_layers)
     else:
-        if facts is None:
+        if target is None:
             raise CheckpointError(f"--from {kind}: pass the target (--target DIR) for its embedding and lm_head")
         model = import_drafter(src, kind, num_target_layers=n_layers, target_embedding=embed, target_lm_head=head)
-    if facts is not None:
-        check_fits(model.config, facts)
-    return model, facts
+    if target is not None:
+        check_fits(model.config, target)
+    device = device if device is not None else getattr(target, "device", None)
+    dtype = dtype if dtype is not None else getattr(target, "dtype", None)
+    if device is not None or dtype is not None:
+        model = model.to(device=device, dtype=dtype)
+    return model
 
 
 def fill_from_target(model: DSparkDraftModel, facts: TargetFacts | None) -> None:
@@ -106,7 +120,8 @@ def describe_path(path: str | Path, *, kind: str | None = None, target: str | Pa
 
     src = Path(path)
     kind = kind or detect_kind(src)
-    model, facts = open_drafter(src, kind=kind, target=target)
+    facts = read_target_facts(target) if target is not None else None
+    model = open_drafter(src, kind=kind, target=facts)
     info = describe_config(model.config)
     info.update(path=str(src), format=kind, valid=True)
     if facts is not None:

@@ -34,6 +34,13 @@ class TargetFacts:
     def name(self) -> str:
         return str(self.directory)
 
+    # What a drafter borrows, named as on a loaded `TargetModel`.
+    def embedding_weight(self) -> torch.Tensor:
+        return self.embedding
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.lm_head
+
 
 @dataclass(frozen=True)
 class TargetShape:
