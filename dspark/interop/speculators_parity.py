@@ -1,7 +1,7 @@
 """Does the `speculators` package load our checkpoint and compute what we compute?
 
-Two halves, run by scripts/check_speculators.sh in two environments (speculators 0.9.0
-pins transformers <= 5.19, we need >= 5.20):
+Two halves, run by `dspark check speculators` (dspark.interop.check_speculators) in two
+environments (speculators 0.9.0 pins transformers <= 5.19, we need >= 5.20):
 
   make  (our venv)          export the drafter in the speculators format, write fixed
                             inputs (target features, tokens, anchors) and our block logits
@@ -10,8 +10,9 @@ pins transformers <= 5.19, we need >= 5.20):
                             `SpeculatorModel.from_pretrained`, run its DSpark training forward
                             on the same inputs with the same anchors, and compare.
 
-The check imports nothing from dspark. Its forward is speculators' own, end to end: we only
-pin its anchor sampler to our anchors and capture the logits it hands to its loss.
+The check imports nothing from dspark: the speculators venv runs this file by its path.
+Its forward is speculators' own, end to end: we only pin its anchor sampler to our anchors
+and capture the logits it hands to its loss.
 """
 
 from __future__ import annotations
@@ -36,10 +37,8 @@ TINY_VARIANTS = {
 
 
 def _tiny(variant: str, work: Path):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from tiny_models import build_tiny_target
-
     from dspark.formats.checkpoint import init_drafter
+    from dspark.interop.tiny_targets import build_tiny_target
     from dspark.model.pairing import config_for_target
     from dspark.model.vocab import mapping_from_kept_ids
     from dspark.target import TargetModel
@@ -257,7 +256,7 @@ def _finish(report: dict, args: argparse.Namespace) -> None:
     sys.exit(0 if report["pass"] else 1)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
     m = sub.add_parser("make")
@@ -269,7 +268,7 @@ def main() -> None:
     c.add_argument("--work", required=True)
     c.add_argument("--tolerance", type=float, default=1e-3)
     c.add_argument("--out")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     make(args) if args.mode == "make" else check(args)
 
 

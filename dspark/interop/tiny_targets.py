@@ -1,4 +1,5 @@
-"""Tiny random Hugging Face targets (Llama, Qwen3, DeepSeek-V3) with a real tokenizer, built offline."""
+"""Tiny random Hugging Face targets (Llama, Qwen3, DeepSeek-V3) with a real tokenizer, built offline:
+the targets of the test suite and of the interop checks' tiny drafter variants."""
 
 from __future__ import annotations
 
