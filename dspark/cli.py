@@ -208,7 +208,7 @@ def generate_cmd(
     import torch
 
     from dspark import families
-    from dspark.decoding.factory import checkpoint_method, make_drafter, make_engine
+    from dspark.decoding.factory import Drafting, make_engine
     from dspark.decoding.sampling import SamplingParams
     from dspark.defaults import resolve_draft, resolve_target
     from dspark.target import TargetModel
@@ -216,22 +216,12 @@ def generate_cmd(
     try:
         if top_p <= 0.0:
             raise DSparkError("--top-p must be in (0, 1]")
-        name = method
-        draft_dir = None
-        if name == "auto":
-            draft_dir = resolve_draft(draft)
-            name = checkpoint_method(draft_dir)
-        elif name in families.names():
-            draft_dir = resolve_draft(draft, name)
+        checkpoint = method == "auto" or method in families.names()
+        draft_dir = resolve_draft(draft, "dspark" if method == "auto" else method) if checkpoint else None
+        drafting = Drafting(method, draft_dir, confidence_threshold, cost_model, prompt_lookup).resolved()
+        name = drafting.method
         tgt = TargetModel.from_pretrained(resolve_target(target), device=_device(device), dtype=_torch_dtype(dtype))
-        drafter = make_drafter(
-            name,
-            tgt,
-            draft_dir=draft_dir,
-            confidence_threshold=confidence_threshold,
-            cost_model=cost_model,
-            prompt_lookup=prompt_lookup,
-        )
+        drafter = drafting.build(tgt)
         engine = make_engine(tgt, drafter, num_speculative_tokens)
         prompt_ids = _encode(tgt, prompt, chat)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -743,12 +733,13 @@ def serve_cmd(
             if prompt_lookup is not None:
                 typer.echo("note: --prompt-lookup is dspark serve's own; vLLM serves the drafter alone", err=True)
             return
+        from dspark.decoding.factory import Drafting
         from dspark.serve.server import ServeOptions, serve
 
         serve(
             ServeOptions(
                 target=target_dir,
-                draft=draft_dir,
+                drafting=Drafting("auto", draft_dir, confidence_threshold, cost_model, prompt_lookup),
                 host=host,
                 port=port,
                 num_speculative_tokens=num_speculative_tokens,
@@ -756,9 +747,6 @@ def serve_cmd(
                 request_timeout=request_timeout,
                 max_model_len=max_model_len,
                 model_name=served_model_name,
-                confidence_threshold=confidence_threshold,
-                cost_model=cost_model,
-                prompt_lookup=prompt_lookup,
                 shutdown_grace=shutdown_grace,
             ),
             log=lambda m: typer.echo(m, err=True),
@@ -854,7 +842,7 @@ def bench_cmd(
         meta = provenance(  # before the run: the code and tree that produce the rows
             seed,
             target=str(target_dir),
-            drafters={s.label: str(s.draft_dir) for s in specs if s.draft_dir},
+            drafters={s.label: str(s.drafting.draft) for s in specs if s.drafting.draft},
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             rows=rows,

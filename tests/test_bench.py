@@ -176,14 +176,17 @@ def test_methods_with_prompt_lookup_parse_and_run(tiny_target_dirs, tmp_path):
     draft = tmp_path / "dspark"
     assert runner.invoke(app, ["init", "--target", target, "--out", str(draft)]).exit_code == 0
     specs = parse_methods(f"dspark+ngram@cost,dspark+ngram2,mine={draft}+ngram@0.5,dspark", {"dspark": draft})
-    got = [(s.label, s.method, s.prompt_lookup, s.cost_model, s.confidence_threshold) for s in specs[1:]]
+    got = [
+        (s.label, s.method, s.drafting.prompt_lookup, s.drafting.cost_model, s.drafting.confidence_threshold)
+        for s in specs[1:]
+    ]
     assert got == [
         ("dspark+ngram@cost", "dspark", 3, "auto", None),
         ("dspark+ngram2", "dspark", 2, None, None),
         ("mine", "dspark", 3, None, 0.5),
         ("dspark", "dspark", None, None, None),
     ]
-    assert specs[2].draft_dir == draft and specs[3].draft_dir == draft
+    assert specs[2].drafting.draft == draft and specs[3].drafting.draft == draft
     for bad in ("ngram+ngram", "dspark+ngram0", "dspark+ngramx", "dspark@cost+ngram"):
         with pytest.raises(DSparkError):
             parse_methods(bad, {"dspark": draft})

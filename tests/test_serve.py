@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dspark.cli import app
+from dspark.decoding.factory import Drafting
 from dspark.serve.worker import StopStrings
 
 runner = CliRunner()
@@ -378,7 +379,7 @@ def test_prompt_lookup_needs_a_drafter(chat_target):
     from dspark.serve.server import ServeOptions, build_app
 
     with pytest.raises(DSparkError, match="--prompt-lookup drafts for a drafter"):
-        build_app(ServeOptions(target=chat_target, draft=None, num_speculative_tokens=0, prompt_lookup=3))
+        build_app(ServeOptions(target=chat_target, drafting=Drafting(prompt_lookup=3), num_speculative_tokens=0))
 
 
 def test_serve_checks_the_drafter_before_loading_the_target(chat_target, draft, wider_target_dir, tmp_path):
@@ -391,14 +392,14 @@ def test_serve_checks_the_drafter_before_loading_the_target(chat_target, draft, 
     shutil.copytree(chat_target, corrupt)
     (corrupt / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(DSparkError, match="no-such: no such drafter file or directory"):
-        build_app(ServeOptions(target=corrupt, draft=tmp_path / "no-such"))
+        build_app(ServeOptions(target=corrupt, drafting=Drafting(draft=tmp_path / "no-such")))
     wider = tmp_path / "wider-target"
     shutil.copytree(wider_target_dir, wider)
     (wider / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(DSparkError, match=f"drafter does not fit target {wider}: hidden size"):
-        build_app(ServeOptions(target=wider, draft=draft))
+        build_app(ServeOptions(target=wider, drafting=Drafting(draft=draft)))
     with pytest.raises(DSparkError, match="no such target directory"):
-        build_app(ServeOptions(target=tmp_path / "nowhere", draft=draft))
+        build_app(ServeOptions(target=tmp_path / "nowhere", drafting=Drafting(draft=draft)))
 
 
 def test_vllm_handoff_checks_the_pair(draft, wider_target_dir, tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from dspark.datasets import load_prompts
-from dspark.decoding.factory import make_drafter, make_engine
+from dspark.decoding.factory import Drafting, make_engine
 from dspark.decoding.sampling import SamplingParams
 from dspark.errors import DSparkError
 from dspark.target.prompts import encode_prompt
@@ -63,11 +63,11 @@ class MethodSpec:
     """One column group of the table: a method, and for drafters its checkpoint and draft-length rule."""
 
     label: str
-    method: str  # baseline | ngram | dspark | dflash | eagle3
-    draft_dir: Path | None = None
-    confidence_threshold: float | None = None
-    cost_model: str | None = None  # "auto" or a StepCost JSON path
-    prompt_lookup: int | None = None  # ``+ngram[N]``: prompt lookup first (n-gram length N, default 3)
+    drafting: Drafting  # method, checkpoint, draft-length rule, ``+ngram[N]`` prompt lookup first
+
+    @property
+    def method(self) -> str:
+        return self.drafting.method
 
 
 def _lookup_suffix(entry: str, name: str) -> tuple[str, int | None]:
@@ -112,7 +112,7 @@ def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> li
     from dspark.defaults import resolve_draft
 
     drafts = drafts or {}
-    specs: list[MethodSpec] = [MethodSpec("baseline", "baseline")]
+    specs: list[MethodSpec] = [MethodSpec("baseline", Drafting("baseline"))]
     for entry in (e.strip() for e in text.split(",")):
         if not entry or entry == "baseline":
             continue
@@ -123,15 +123,18 @@ def parse_methods(text: str, drafts: dict[str, Path | None] | None = None) -> li
                 path, _, rule = rest.rpartition("@")
                 threshold, cost = _draft_rule(entry, rule)
             path, lookup = _lookup_suffix(entry, path)
-            specs.append(MethodSpec(label, checkpoint_method(Path(path)), Path(path), threshold, cost, lookup))
+            specs.append(
+                MethodSpec(label, Drafting(checkpoint_method(Path(path)), Path(path), threshold, cost, lookup))
+            )
             continue
         name, _, rule = entry.partition("@")
         threshold, cost = _draft_rule(entry, rule) if rule else (None, None)
         name, lookup = _lookup_suffix(entry, name)
         if name == "ngram" and not rule and lookup is None:
-            specs.append(MethodSpec("ngram", "ngram"))
+            specs.append(MethodSpec("ngram", Drafting("ngram")))
         elif name in families.names():
-            specs.append(MethodSpec(entry, name, resolve_draft(drafts.get(name), name), threshold, cost, lookup))
+            draft = resolve_draft(drafts.get(name), name)
+            specs.append(MethodSpec(entry, Drafting(name, draft, threshold, cost, lookup)))
         else:
             raise DSparkError(f"unknown method {entry!r}; choose from {', '.join(methods())} or LABEL=PATH")
     labels = [s.label for s in specs]
@@ -155,18 +158,7 @@ def run_bench(
     from tqdm import tqdm
 
     params = SamplingParams(temperature=temperature)
-    drafters = {
-        spec.label: make_drafter(
-            spec.method,
-            target,
-            draft_dir=spec.draft_dir,
-            confidence_threshold=spec.confidence_threshold,
-            cost_model=spec.cost_model,
-            prompt_lookup=spec.prompt_lookup,
-        )
-        for spec in methods
-        if spec.method != "baseline"
-    }
+    drafters = {spec.label: spec.drafting.build(target) for spec in methods if spec.method != "baseline"}
     if any(n < 1 for n in ns):
         raise DSparkError(f"--n: draft lengths must be >= 1, got {ns}")
     for m, d in drafters.items():

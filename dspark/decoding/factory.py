@@ -3,6 +3,7 @@ family (`dspark.families`: dspark, dflash, eagle3, ...)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -111,6 +112,45 @@ def make_drafter(
         return family.runtime(model, target, confidence_threshold=confidence_threshold, cost_model=cost_model)
     except DSparkError as exc:
         raise DSparkError(f"{draft_dir}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """Which drafter and how it drafts: the one option bundle of generate, serve and bench.
+
+    ``method``: ``auto`` (the family named by ``draft``'s config.json), ``baseline``, ``ngram``
+    or a drafter family (`dspark.families`); ``draft``: the checkpoint a family needs; a
+    draft-length rule (``confidence_threshold`` or ``cost_model``: ``"auto"`` or a StepCost
+    JSON); ``prompt_lookup`` N: draft by prompt lookup first (`LookupFirstDrafter`)."""
+
+    method: str = "auto"
+    draft: Path | None = None
+    confidence_threshold: float | None = None
+    cost_model: str | None = None
+    prompt_lookup: int | None = None
+
+    def resolved(self) -> Drafting:
+        """``auto`` replaced by the checkpoint's family (read from its config.json only)."""
+        if self.method != "auto":
+            return self
+        if self.draft is None:
+            raise DSparkError("method auto needs a drafter checkpoint (--draft)")
+        return Drafting(
+            checkpoint_method(self.draft), self.draft, self.confidence_threshold, self.cost_model, self.prompt_lookup
+        )
+
+    def build(self, target: TargetModel, *, dtype: torch.dtype | None = None) -> Drafter | None:
+        """The drafter for ``target`` (None for baseline)."""
+        spec = self.resolved()
+        return make_drafter(
+            spec.method,
+            target,
+            draft_dir=spec.draft,
+            confidence_threshold=spec.confidence_threshold,
+            cost_model=spec.cost_model,
+            dtype=dtype,
+            prompt_lookup=spec.prompt_lookup,
+        )
 
 
 def make_engine(target: TargetModel, drafter: Drafter | None, num_speculative_tokens: int | None) -> SpeculativeEngine:

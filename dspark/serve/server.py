@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.decoding.factory import Drafting
 from dspark.defaults import DEFAULT_DRAFT_TOKENS
 from dspark.errors import DSparkError
 
@@ -15,7 +16,7 @@ from dspark.errors import DSparkError
 @dataclass
 class ServeOptions:
     target: Path
-    draft: Path | None
+    drafting: Drafting  # method auto: the drafter checkpoint's family
     host: str = "127.0.0.1"
     port: int = 8000
     num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS
@@ -23,9 +24,6 @@ class ServeOptions:
     request_timeout: float = 600.0
     max_model_len: int | None = None
     model_name: str | None = None
-    confidence_threshold: float | None = None
-    cost_model: str | None = None  # "auto" or a StepCost JSON: per-step draft length
-    prompt_lookup: int | None = None  # n-gram length: prompt lookup first, the drafter otherwise
     shutdown_grace: float = 10.0
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
@@ -37,7 +35,7 @@ def _position_limit(target) -> int:
 
 def build_app(opts: ServeOptions):
     """The FastAPI app and its worker (the worker thread is running on return)."""
-    from dspark.decoding.factory import make_drafter, make_engine, precheck_pair
+    from dspark.decoding.factory import make_engine, precheck_pair
     from dspark.serve.app import ServerConfig, create_app
     from dspark.serve.metrics import Metrics
     from dspark.serve.worker import Worker
@@ -48,14 +46,17 @@ def build_app(opts: ServeOptions):
     if opts.request_timeout <= 0:
         raise DSparkError(f"--request-timeout must be > 0, got {opts.request_timeout}")
     speculative = opts.num_speculative_tokens > 0
-    if speculative and opts.draft is None:
+    drafting = opts.drafting
+    if speculative and drafting.draft is None:
         raise DSparkError("--num-speculative-tokens > 0 needs a drafter (--draft)")
-    if opts.prompt_lookup is not None and not speculative:
+    if drafting.prompt_lookup is not None and not speculative:
         raise DSparkError("--prompt-lookup drafts for a drafter; it needs --num-speculative-tokens > 0")
     target_path = Path(opts.target)
     if not (target_path.is_dir() or (target_path.is_file() and target_path.suffix == ".gguf")):
         raise DSparkError(f"{target_path}: no such target directory or .gguf file")
-    method = precheck_pair(target_path, opts.draft) if speculative else None  # cheap checks before the target loads
+    if speculative:  # cheap checks before the target loads; the family from config.json
+        precheck_pair(target_path, drafting.draft)
+        drafting = drafting.resolved()
 
     def build():
         # Runs on the worker thread: every torch op of the server stays on one thread (Worker).
@@ -65,18 +66,7 @@ def build_app(opts: ServeOptions):
         limit = _position_limit(target)
         if opts.max_model_len and opts.max_model_len > limit:
             raise DSparkError(f"--max-model-len {opts.max_model_len} exceeds the target's {limit} positions")
-        drafter = (
-            make_drafter(
-                method,
-                target,
-                draft_dir=opts.draft,
-                confidence_threshold=opts.confidence_threshold,
-                cost_model=opts.cost_model,
-                prompt_lookup=opts.prompt_lookup,
-            )
-            if speculative
-            else None
-        )
+        drafter = drafting.build(target) if speculative else None
         return (
             make_engine(target, drafter, opts.num_speculative_tokens if speculative else 0),
             make_engine(target, None, 0),
