@@ -82,6 +82,14 @@ def make(args: argparse.Namespace) -> None:
     fill_from_target(model, facts)
     model = model.float().eval()
     export_speculators(model, out / "checkpoint", dtype=torch.float32, force=True)
+    if facts is not None:
+        # speculators loads the verifier's embedding and lm_head from speculators_config.verifier
+        # .name_or_path; the export records the target's public name (a hub id or folder name),
+        # so point this copy at the local target directory, as a user without the hub would.
+        config_path = out / "checkpoint" / "config.json"
+        data = json.loads(config_path.read_text())
+        data["speculators_config"]["verifier"]["name_or_path"] = str(facts.directory)
+        config_path.write_text(json.dumps(data, indent=2) + "\n")
     if model.config.method == "eagle3":
         return _make_eagle3(model, out, args.length)
     cfg = model.config
