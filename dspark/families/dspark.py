@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from dspark.decoding.draft_length import StepCost, measure_step_cost
@@ -121,19 +122,14 @@ DSPARK = register(
     )
 )
 
+# The same backbone without its heads: only the name, the init options and vLLM's method differ.
 DFLASH = register(
-    DrafterFamily(
+    replace(
+        DSPARK,
         name="dflash",
         summary="the block-parallel DFlash backbone alone (no heads)",
-        config_class=DSparkConfig,
-        model_class=DSparkDraftModel,
-        to_speculators=to_speculators_dict,
-        from_speculators=from_speculators_dict,
         config_for_target=lambda target, options: _config(target, options, heads=False),
         init_options=BACKBONE_OPTIONS,
-        runtime=_runtime,
-        training_forward=block_forward,
         vllm_checks=_vllm_checks("dflash"),
-        has_confidence_head=_has_confidence_head,
     )
 )
