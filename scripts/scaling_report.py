@@ -107,12 +107,11 @@ def main() -> None:
         cells = {x["train_rows"]: x["heldout_accept_len"] for x in rows if x["method"] == m}
         if not cells:
             continue
-        f = fits.get(m) or {}
-        need = f.get(f"rows_for_{GOAL}")
+        f = fits.get(m)  # None for a single point (the fp32-features check)
+        slope = f"{f['per_doubling']:+.3f}" if f else "—"
+        need = f"{f[f'rows_for_{GOAL}']:,.0f}" if f and f[f"rows_for_{GOAL}"] else "—"
         lines.append(
-            f"| {m} | "
-            + " | ".join(f"{cells[s]:.3f}" if s in cells else "" for s in sizes)
-            + f" | {f.get('per_doubling', float('nan')):+.3f} | {f'{need:,.0f}' if need else 'n/a'} |"
+            f"| {m} | " + " | ".join(f"{cells[s]:.3f}" if s in cells else "" for s in sizes) + f" | {slope} | {need} |"
         )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib
