@@ -57,10 +57,9 @@ def generate_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
 ) -> None:
     """Generate text with speculative decoding and report acceptance and speed."""
-    import torch
-
     from dspark import families
-    from dspark.decoding.factory import Drafting, make_engine
+    from dspark.decoding.factory import Drafting
+    from dspark.decoding.generate import generate_report
     from dspark.decoding.sampling import SamplingParams
     from dspark.defaults import resolve_draft, resolve_target
     from dspark.target import TargetModel
@@ -71,54 +70,28 @@ def generate_cmd(
         checkpoint = method == "auto" or method in families.names()
         draft_dir = resolve_draft(draft, "dspark" if method == "auto" else method) if checkpoint else None
         drafting = Drafting(method, draft_dir, confidence_threshold, cost_model, prompt_lookup).resolved()
-        name = drafting.method
         tgt = TargetModel.from_pretrained(resolve_target(target), device=device_name(device), dtype=torch_dtype(dtype))
-        drafter = drafting.build(tgt)
-        engine = make_engine(tgt, drafter, num_speculative_tokens)
-        prompt_ids = encode_text(tgt, prompt, chat)
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-        gen = torch.Generator(device=tgt.device).manual_seed(seed)
-        result = engine.generate(prompt_ids, max_new_tokens=max_new_tokens, params=params, generator=gen)
-        lossless = None
-        if check_lossless and params.greedy:
-            plain = make_engine(tgt, None, 0).generate(prompt_ids, max_new_tokens=max_new_tokens, params=params)
-            lossless = plain.tokens == result.tokens
+        report = generate_report(
+            tgt,
+            drafting,
+            encode_text(tgt, prompt, chat),
+            max_new_tokens=max_new_tokens,
+            params=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p),
+            seed=seed,
+            num_speculative_tokens=num_speculative_tokens,
+            check_lossless=check_lossless,
+        )
     except (DSparkError, ValueError) as exc:
         fail(str(exc))
-    text = tgt.tokenizer.decode(result.tokens, skip_special_tokens=True) if tgt.tokenizer else None
-    name = drafter.name if prompt_lookup is not None else name  # e.g. dspark+ngram
-    report = {
-        "text": text,
-        "tokens": result.tokens,
-        "method": name,
-        "num_speculative_tokens": engine.k,
-        "accept_len": result.accept_len,
-        "per_position_acceptance": result.per_position_acceptance,
-        "tokens_per_second": result.tokens_per_second,
-        "target_forwards": result.target_forwards,
-        "prefill_seconds": result.prefill_seconds,
-        "decode_seconds": result.decode_seconds,
-        "prompt_tokens": result.prompt_tokens,
-        "temperature": temperature,
-        "seed": seed,
-        "lossless": lossless,
-        "drafted_tokens": result.drafted_tokens,
-        "step_cost": step_cost.to_dict() if (step_cost := getattr(drafter, "step_cost", None)) else None,
-    }
-    if result.lookup_steps is not None:
-        report["lookup_steps"] = result.lookup_steps
-    if check_lossless and not params.greedy:
-        report["lossless_note"] = (
-            "sampled output is lossless in distribution (rejection sampling); a token-by-token check "
-            "applies to greedy decoding only"
-        )
+    lossless = report["lossless"]
     if as_json:
         typer.echo(json.dumps(report))
     else:
-        typer.echo(text if text is not None else result.tokens)
+        typer.echo(report["text"] if report["text"] is not None else report["tokens"])
         typer.echo(
-            f"\n[{name} k={engine.k}] accept_len {result.accept_len:.3f} | {result.tokens_per_second:.1f} tok/s | "
-            f"{result.target_forwards} target forwards" + ("" if lossless is None else f" | lossless {lossless}"),
+            f"\n[{report['method']} k={report['num_speculative_tokens']}] accept_len {report['accept_len']:.3f} | "
+            f"{report['tokens_per_second']:.1f} tok/s | {report['target_forwards']} target forwards"
+            + ("" if lossless is None else f" | lossless {lossless}"),
             err=True,
         )
     if lossless is False:

@@ -73,9 +73,12 @@ def export_cmd(
     out: Annotated[Path, typer.Option(help="Output directory (speculators) or .gguf file.")],
     fmt: Annotated[ExportFormat, typer.Option("--format", help="speculators (vLLM, speculators) or gguf (llama.cpp).")],
     outtype: Annotated[
-        str,
-        typer.Option(help="GGUF tensor type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1. speculators: f32/bf16."),
-    ] = "f16",
+        str | None,
+        typer.Option(
+            help="Tensor type. GGUF: f32, f16 (default), bf16, q8_0, q4_0, q4_1, q5_0, q5_1; "
+            "speculators: f32, bf16 (default) or f16."
+        ),
+    ] = None,
     target: Annotated[
         Path | None,
         typer.Option(help="Target directory: its embedding goes into the GGUF, its layer count is checked."),
@@ -90,45 +93,22 @@ def export_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report.")] = False,
 ) -> None:
     """Write a drafter as a speculators checkpoint or as a llama.cpp draft-dspark GGUF."""
-    import torch
 
     from dspark.defaults import resolve_target
-    from dspark.formats.convert import export_speculators, fill_from_target, open_drafter, refuse_overwrite
-    from dspark.target.frozen import read_target_facts
+    from dspark.formats.convert import export_drafter
 
     try:
         target_dir = resolve_target(target) if (target is not None or fmt == ExportFormat.gguf) else None
-        facts = read_target_facts(target_dir) if target_dir is not None else None
-        model = open_drafter(draft, target=facts)
-        fill_from_target(model, facts)
-        if fmt == ExportFormat.speculators:
-            dtypes = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.bfloat16}
-            if outtype not in dtypes:
-                raise DSparkError(f"--outtype {outtype!r}: a speculators checkpoint is f32 or bf16")
-            path = export_speculators(model, out, dtype=dtypes[outtype], force=force)
-            report = {"path": str(path), "format": "speculators", "outtype": "bf16" if outtype != "f32" else "f32"}
-        else:
-            from dspark.formats.gguf import export_gguf, resolve_tokenizer
-
-            refuse_overwrite(out, force)
-            tokenizer = resolve_tokenizer(tokenizer_from or target_dir)
-            result = export_gguf(
-                model,
-                out,
-                outtype=outtype,
-                tokenizer=tokenizer,
-                name=Path(draft).name,
-                log=lambda m: typer.echo(m, err=True),
-            )
-            report = {
-                "path": str(result.path),
-                "format": "gguf",
-                "outtype": result.outtype,
-                "bytes": result.bytes,
-                "tensors": result.tensors,
-                "dropped": result.dropped,
-                "notes": result.notes,
-            }
+        report = export_drafter(
+            draft,
+            fmt.value,
+            out,
+            target_dir=target_dir,
+            outtype=outtype,
+            tokenizer_from=tokenizer_from,
+            force=force,
+            log=lambda m: typer.echo(m, err=True),
+        )
     except DSparkError as exc:
         fail(str(exc))
     if as_json:

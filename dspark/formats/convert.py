@@ -6,6 +6,7 @@ describe what was read (`describe_path`, behind ``dspark inspect``).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,56 @@ def describe_path(path: str | Path, *, kind: str | None = None, target: str | Pa
         info["bytes"] = total
     info.update(tensor_shapes=stored, tensors=len(stored), float_dtype="as stored")
     return info
+
+
+SPECULATORS_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def export_drafter(
+    draft: str | Path,
+    fmt: str,
+    out: Path,
+    *,
+    target_dir: Path | None = None,
+    outtype: str | None = None,
+    tokenizer_from: Path | None = None,
+    force: bool = False,
+    log: Callable[[str], None] = lambda _msg: None,
+) -> dict[str, Any]:
+    """`dspark export`: open ``draft`` (checked against ``target_dir`` when given; GGUF needs
+    it for the tokenizer and frozen tensors) and write it as a speculators checkpoint or a
+    llama.cpp GGUF at ``out`` (``outtype`` default: bf16 / f16). Returns the report (path, format, outtype; GGUF: bytes,
+    tensors, what was dropped and notes)."""
+    if fmt not in FORMATS:
+        raise DSparkError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
+    facts = read_target_facts(target_dir) if target_dir is not None else None
+    model = open_drafter(draft, target=facts)
+    fill_from_target(model, facts)
+    if fmt == "speculators":
+        outtype = outtype or "bf16"
+        if outtype not in SPECULATORS_DTYPES:
+            raise DSparkError(f"--outtype {outtype!r}: a speculators checkpoint is f32, bf16 or f16")
+        path = export_speculators(model, out, dtype=SPECULATORS_DTYPES[outtype], force=force)
+        return {"path": str(path), "format": "speculators", "outtype": outtype}
+    from dspark.formats.gguf import export_gguf, resolve_tokenizer
+
+    refuse_overwrite(out, force)
+    if tokenizer_from is None and target_dir is None:
+        raise DSparkError("a GGUF export needs the target (--target DIR) or --tokenizer-from TARGET.gguf")
+    result = export_gguf(
+        model,
+        out,
+        outtype=outtype or "f16",
+        tokenizer=resolve_tokenizer(tokenizer_from or target_dir),
+        name=Path(draft).name,
+        log=log,
+    )
+    return {
+        "path": str(result.path),
+        "format": "gguf",
+        "outtype": result.outtype,
+        "bytes": result.bytes,
+        "tensors": result.tensors,
+        "dropped": result.dropped,
+        "notes": result.notes,
+    }
