@@ -245,3 +245,29 @@ def test_every_command_has_help():
         result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "160"})
         assert result.exit_code == 0, f"dspark {name} --help: {result.output}{result.exception!r}"
         assert "Usage" in result.output
+
+
+@pytest.mark.parametrize(("check", "flag"), [("speculators", "--variants"), ("llama-cpp", "--types"), ("vllm", "--k")])
+def test_check_commands_pass_their_options_through(check, flag):
+    """`dspark check X --help` is the check's own argparse help (nothing is built or run)."""
+    result = runner.invoke(app, ["check", check, "--help"])
+    assert result.exit_code == 0, result.output
+    assert f"dspark check {check}" in result.output and flag in result.output
+
+
+def test_export_outtype_means_what_it_says(tiny_target_dirs, drafter_dir, tmp_path):
+    """speculators export: bf16 by default, f16 is float16 (it was silently bf16)."""
+    from safetensors import safe_open
+
+    def dtypes(out, *extra):
+        result = runner.invoke(app, ["export", str(drafter_dir), "--format", "speculators", "--out", str(out), *extra])
+        assert result.exit_code == 0, result.output
+        with safe_open(str(out / "model.safetensors"), framework="pt") as fh:
+            return {fh.get_slice(k).get_dtype() for k in fh.keys()}  # noqa: SIM118 - safe_open has no __iter__
+
+    default = dtypes(tmp_path / "default")
+    assert "BF16" in default and "F16" not in default
+    assert "F16" in dtypes(tmp_path / "f16", "--outtype", "f16")
+    args = ["export", str(drafter_dir), "--format", "speculators", "--out", str(tmp_path / "q"), "--outtype", "q8_0"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "f32, bf16 or f16" in refused.output
