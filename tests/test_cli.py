@@ -271,3 +271,19 @@ def test_export_outtype_means_what_it_says(tiny_target_dirs, drafter_dir, tmp_pa
     args = ["export", str(drafter_dir), "--format", "speculators", "--out", str(tmp_path / "q"), "--outtype", "q8_0"]
     refused = runner.invoke(app, args)
     assert refused.exit_code == 2 and "f32, bf16 or f16" in refused.output
+
+
+def test_export_says_when_vllm_cannot_serve_it(tiny_target_dirs, tmp_path):
+    """A DFlash drafter in the DSpark slot layout exports, and export says vLLM's dflash runner refuses it."""
+    target = str(tiny_target_dirs["qwen3"])
+
+    def exported_notes(layout: str) -> list[str]:
+        draft, out = tmp_path / layout.strip("-"), tmp_path / (layout.strip("-") + "-export")
+        init = ["init", "--target", target, "--out", str(draft), "--method", "dflash", layout, "--mask-token-id", "2"]
+        assert runner.invoke(app, init).exit_code == 0
+        result = runner.invoke(app, ["export", str(draft), "--format", "speculators", "--out", str(out), "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output.strip().splitlines()[-1])["notes"]
+
+    assert "sample_from_anchor=true" in " ".join(exported_notes("--sample-from-anchor"))
+    assert exported_notes("--no-sample-from-anchor") == []

@@ -178,7 +178,7 @@ def export_drafter(
         if outtype not in SPECULATORS_DTYPES:
             raise DSparkError(f"--outtype {outtype!r}: a speculators checkpoint is f32, bf16 or f16")
         path = export_speculators(model, out, dtype=SPECULATORS_DTYPES[outtype], force=force)
-        return {"path": str(path), "format": "speculators", "outtype": outtype}
+        return {"path": str(path), "format": "speculators", "outtype": outtype, "notes": vllm_notes(path)}
     from dspark.formats.gguf import export_gguf, resolve_tokenizer
 
     refuse_overwrite(out, force)
@@ -201,3 +201,23 @@ def export_drafter(
         "dropped": result.dropped,
         "notes": result.notes,
     }
+
+
+def vllm_notes(export: Path) -> list[str]:
+    """Whether vLLM would serve a speculators export as trained: an empty list, or why not (its
+    family's reading of the fields, `DrafterFamily.vllm_checks`), so `dspark export` says so."""
+    from dspark import families
+    from dspark.formats.speculators import CONFIG_NAME, read_json
+
+    data = read_json(Path(export) / CONFIG_NAME)
+    method = data.get("speculators_model_type")
+    family = families.get(method)
+    if family.vllm_checks is None:
+        return [f"vLLM has no method for {method} drafters; serve it with `dspark serve`"]
+    block = data.get("block_size")
+    drafts = (block if data.get("sample_from_anchor") else block - 1) if block else 1
+    try:
+        family.vllm_checks(data, export, drafts)
+    except DSparkError as exc:
+        return [f"vLLM cannot serve this export as trained: {exc}"]
+    return []
