@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -56,6 +57,8 @@ def parse_ids(text: str | None, flag: str) -> list[int] | None:
     return None
 
 
+# Options many commands share, declared once.
+TargetOption = Annotated[Path | None, typer.Option(help="Target model directory (default: the embedded one).")]
 ConfidenceThresholdOption = Annotated[
     float | None, typer.Option(help="Stop a draft once the predicted survival prod(c_i) falls below this.")
 ]

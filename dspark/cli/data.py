@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dspark.cli.app import DType, app, fail, parse_ids, torch_dtype
+from dspark.cli.app import DType, TargetOption, app, fail, parse_ids, torch_dtype
 from dspark.errors import DSparkError
 
 
@@ -15,7 +15,7 @@ from dspark.errors import DSparkError
 def datagen_cmd(
     prompts: Annotated[Path, typer.Option(help="JSONL prompts (messages, prompt, question, problem or turns field).")],
     out: Annotated[Path, typer.Option(help="JSONL output; existing rows are kept and skipped (resume).")],
-    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    target: TargetOption = None,
     field: Annotated[str | None, typer.Option(help="Prompt field to read (default: auto-detect).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Use only the first N prompts.")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap.")] = 256,
@@ -96,7 +96,7 @@ def vocab_cmd(
     data: Annotated[Path, typer.Option(help="Training JSONL from `dspark datagen`.")],
     size: Annotated[int, typer.Option(min=1, help="Draft vocab size.")],
     out: Annotated[Path, typer.Option(help="Output .safetensors with d2t (int64 offsets) and t2d (bool).")],
-    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    target: TargetOption = None,
 ) -> None:
     """Build d2t/t2d from assistant-token frequencies (ties broken by lower id)."""
     from safetensors.torch import save_file
@@ -126,7 +126,7 @@ def cache_features_cmd(
     data: Annotated[Path, typer.Option(help="Training JSONL from `dspark datagen`.")],
     out: Annotated[Path, typer.Option(help="Cache directory (resumes when it already holds shards).")],
     aux_layers: Annotated[str, typer.Option(help="Comma-separated aux layer ids of the drafter to train.")],
-    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    target: TargetOption = None,
     seq_len: Annotated[int, typer.Option(min=2, help="Truncate examples to this many tokens.")] = 2048,
     shard_size: Annotated[int, typer.Option(min=1, help="Examples per shard.")] = 64,
     target_dtype: Annotated[

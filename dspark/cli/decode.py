@@ -13,6 +13,7 @@ from dspark.cli.app import (
     CostModelOption,
     DType,
     PromptLookupOption,
+    TargetOption,
     app,
     device_name,
     encode_text,
@@ -27,7 +28,7 @@ from dspark.errors import DSparkError
 @app.command("generate")
 def generate_cmd(
     prompt: Annotated[str, typer.Option(help="Prompt text.")],
-    target: Annotated[Path | None, typer.Option(help="Target model directory (default: the embedded one).")] = None,
+    target: TargetOption = None,
     draft: Annotated[Path | None, typer.Option(help="Drafter directory (default: the embedded one).")] = None,
     method: Annotated[
         str,
@@ -101,7 +102,7 @@ def generate_cmd(
 
 @app.command("bench")
 def bench_cmd(
-    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    target: TargetOption = None,
     draft: Annotated[Path | None, typer.Option(help="Drafter directory (default: the embedded one).")] = None,
     datasets: Annotated[
         str, typer.Option(help="Comma list: gsm8k, math500, aime24, humaneval, spec_bench (or spec_bench/CATEGORY).")
@@ -188,7 +189,7 @@ def bench_cmd(
 
 @app.command()
 def calibrate(
-    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    target: TargetOption = None,
     draft: Annotated[Path | None, typer.Option(help="DSpark drafter directory (default: the embedded one).")] = None,
     datasets: Annotated[str, typer.Option(help="Comma list of benchmark sets (held out from training).")] = (
         "gsm8k,humaneval"

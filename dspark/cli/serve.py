@@ -8,14 +8,14 @@ from typing import Annotated
 
 import typer
 
-from dspark.cli.app import ConfidenceThresholdOption, CostModelOption, PromptLookupOption, app, fail
+from dspark.cli.app import ConfidenceThresholdOption, CostModelOption, PromptLookupOption, TargetOption, app, fail
 from dspark.defaults import DEFAULT_DRAFT_TOKENS
 from dspark.errors import DSparkError
 
 
 @app.command("serve")
 def serve_cmd(
-    target: Annotated[Path | None, typer.Option(help="Target model directory (default: the embedded one).")] = None,
+    target: TargetOption = None,
     draft: Annotated[Path | None, typer.Option(help="Drafter directory or .gguf (default: the embedded one).")] = None,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8000,

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from dspark.cli.app import app, device_name, fail
+from dspark.cli.app import TargetOption, app, device_name, fail
 from dspark.defaults import DEFAULT_DRAFT_TOKENS
 from dspark.errors import DSparkError
 
@@ -47,7 +47,7 @@ def evaluate_cmd(
             "several on the same rows and blocks (the target runs once per row)."
         ),
     ] = None,
-    target: Annotated[Path | None, typer.Option(help="Target directory (default: the embedded one).")] = None,
+    target: TargetOption = None,
     skip: Annotated[int, typer.Option(min=0, help="Leave out the first SKIP rows (e.g. the ones trained on).")] = 0,
     rows: Annotated[int, typer.Option(min=1, help="Rows to evaluate after SKIP.")] = 64,
     anchors: Annotated[int, typer.Option(min=1, help="Blocks sampled per row.")] = 32,
