@@ -24,6 +24,7 @@ def generate_report(
     """Decode ``prompt_ids`` and report text, tokens, acceptance and speed (the keys
     ``dspark generate --json`` prints; README). ``check_lossless`` also runs plain greedy decoding and sets
     ``lossless`` (greedy only; sampling is lossless in distribution, tested statistically)."""
+    drafting = drafting.resolved()  # read the checkpoint's family once
     drafter = drafting.build(target)
     engine = make_engine(target, drafter, num_speculative_tokens)
     gen = torch.Generator(device=target.device).manual_seed(seed)
@@ -37,7 +38,7 @@ def generate_report(
     report = {
         "text": tok.decode(result.tokens, skip_special_tokens=True) if tok is not None else None,
         "tokens": result.tokens,
-        "method": drafter.name if drafting.prompt_lookup is not None else drafting.resolved().method,
+        "method": drafter.name if drafting.prompt_lookup is not None else drafting.method,
         "num_speculative_tokens": engine.k,
         "accept_len": result.accept_len,
         "per_position_acceptance": result.per_position_acceptance,

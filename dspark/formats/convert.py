@@ -214,10 +214,8 @@ def vllm_notes(export: Path) -> list[str]:
     family = families.get(method)
     if family.vllm_checks is None:
         return [f"vLLM has no method for {method} drafters; serve it with `dspark serve`"]
-    block = data.get("block_size")
-    drafts = (block if data.get("sample_from_anchor") else block - 1) if block else 1
     try:
-        family.vllm_checks(data, export, drafts)
+        family.vllm_checks(data, export, 1)  # one draft a step: every family's smallest valid k
     except DSparkError as exc:
         return [f"vLLM cannot serve this export as trained: {exc}"]
     return []

@@ -3,7 +3,7 @@ app to uvicorn (loopback by default)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -54,9 +54,10 @@ def build_app(opts: ServeOptions):
     target_path = Path(opts.target)
     if not (target_path.is_dir() or (target_path.is_file() and target_path.suffix == ".gguf")):
         raise DSparkError(f"{target_path}: no such target directory or .gguf file")
-    if speculative:  # cheap checks before the target loads; the family from config.json
-        precheck_pair(target_path, drafting.draft)
-        drafting = drafting.resolved()
+    if speculative:  # cheap checks before the target loads; they name the family from config.json
+        family = precheck_pair(target_path, drafting.draft)
+        if drafting.method == "auto":
+            drafting = replace(drafting, method=family)
 
     def build():
         # Runs on the worker thread: every torch op of the server stays on one thread (Worker).
