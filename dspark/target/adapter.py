@@ -170,6 +170,12 @@ class TargetModel:
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight
 
+    @torch.inference_mode()
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's final norm applied to residual-stream states [n, H] (in the model's
+        dtype): what capture id ``num_layers`` returns, from a state taken before the norm."""
+        return self._norm(hidden.to(device=self.device, dtype=self.dtype))
+
     def stop_token_ids(self) -> set[int]:
         ids: set[int] = set()
         for source in (getattr(self.model, "generation_config", None), self.config, self.tokenizer):
