@@ -195,3 +195,18 @@ def test_recipe_overrides(tmp_path):
         load_recipe(recipe, ["train.steps"])
     with pytest.raises(ConfigError, match="max_examples must be positive"):
         load_recipe(recipe, ["train.max_examples=0"])
+
+
+def test_recipe_vllm_source_needs_a_url(tmp_path):
+    from pathlib import Path
+
+    from dspark.errors import ConfigError
+    from dspark.training.recipe import load_recipe
+
+    recipe = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-135m-dspark.yaml"
+    with pytest.raises(ConfigError, match="source: vllm needs vllm"):
+        load_recipe(recipe, ["source=vllm"])
+    with pytest.raises(ConfigError, match="unknown vllm key"):
+        load_recipe(recipe, ["source=vllm", "vllm.url=http://127.0.0.1:8000", "vllm.urls=x"])
+    r = load_recipe(recipe, ["source=vllm", "vllm.url=http://127.0.0.1:8000", "vllm.concurrency=2"])
+    assert r.source == "vllm" and r.vllm == {"url": "http://127.0.0.1:8000", "concurrency": 2}

@@ -133,6 +133,14 @@ def cache_features_cmd(
         DType, typer.Option(help="Dtype the target runs in (bfloat16: ~1.8x faster on CPUs with AVX512-BF16).")
     ] = DType.float32,
     workers: Annotated[int, typer.Option(min=1, help="Processes computing shards (one torch thread each).")] = 1,
+    vllm: Annotated[
+        str | None,
+        typer.Option(
+            help="URL of a vLLM hidden-state server (`dspark vllm-hidden-states`) that computes the features "
+            "instead; the target is then loaded only for its final norm."
+        ),
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight with --vllm.")] = 8,
 ) -> None:
     """Precompute target features (aux layers + final state) into checksummed safetensors shards."""
     from dspark.defaults import resolve_target
@@ -146,6 +154,11 @@ def cache_features_cmd(
         ids = parse_ids(aux_layers, "--aux-layers")
         tgt.check_layer_ids(ids)
         examples = load_examples(data, max_len=seq_len)
+        client = None
+        if vllm:
+            from dspark.training.vllm_source import VllmHiddenStates
+
+            client = VllmHiddenStates(vllm, tgt, ids)
         build_feature_cache(
             tgt,
             examples,
@@ -156,7 +169,76 @@ def cache_features_cmd(
             target_dir=target_dir,
             data=data,
             max_len=seq_len,
+            vllm=client,
+            vllm_concurrency=concurrency,
         )
     except DSparkError as exc:
         fail(str(exc))
     typer.echo(str(out))
+
+
+@app.command("vllm-hidden-states")
+def vllm_hidden_states_cmd(
+    aux_layers: Annotated[str, typer.Option(help="Comma-separated aux layer ids of the drafter to train.")],
+    target: TargetOption = None,
+    storage: Annotated[
+        Path | None, typer.Option(help="Where vLLM writes the per-request files (default: $DSPARK_CACHE/vllm-hs).")
+    ] = None,
+    port: Annotated[int, typer.Option(help="Port for vllm serve (loopback).")] = 8000,
+    max_model_len: Annotated[int, typer.Option(min=16, help="--max-model-len: the longest example.")] = 2048,
+    gpu: Annotated[
+        bool, typer.Option(help="vLLM's own connector (a CUDA build); default: ours for vLLM's CPU build.")
+    ] = False,
+    run: Annotated[
+        bool, typer.Option(help="Start it from dspark's vLLM CPU venv (installed once, 3.5 GB) and wait.")
+    ] = False,
+) -> None:
+    """The `vllm serve` command of a hidden-state server: vLLM computes the target's features
+    for `cache-features --vllm URL` or a recipe's `source: vllm`."""
+    import os
+    import shlex
+
+    from dspark.defaults import cache_root, resolve_target
+    from dspark.interop.vllm_env import hidden_state_server_args
+
+    try:
+        target_dir = resolve_target(target)
+        ids = parse_ids(aux_layers, "--aux-layers")
+        from dspark.target.frozen import read_target_shape
+
+        shape = read_target_shape(target_dir)
+        if shape is not None:
+            bad = [i for i in ids if not 0 <= i <= shape.num_layers]
+            if bad:
+                raise DSparkError(f"--aux-layers {bad}: outside [0, {shape.num_layers}] for {target_dir}")
+        layers = [*ids, shape.num_layers] if shape is not None else list(ids)
+        store = storage or cache_root() / "vllm-hs"
+        args = hidden_state_server_args(layers, store, cpu_connector=not gpu)
+    except DSparkError as exc:
+        fail(str(exc))
+    if not run:
+        package_root = Path(__file__).resolve().parents[2]
+        env = (
+            ""
+            if gpu
+            else f"PYTHONPATH={shlex.quote(str(package_root))} VLLM_CPU_OMP_THREADS_BIND=0-{(os.cpu_count() or 2) - 1} "
+        )
+        argv = ["vllm", "serve", str(target_dir), "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--max-model-len", str(max_model_len), *args]
+        typer.echo(env + shlex.join(argv))
+        return
+    from dspark.interop.vllm_env import ensure_venv, error_excerpt, start_vllm, stop
+
+    store.mkdir(parents=True, exist_ok=True)
+    venv = ensure_venv(cache_root())
+    logfile = store / "vllm-serve.log"
+    proc, base, _cmd, waited = start_vllm(venv, target_dir, args, logfile, max_model_len=max_model_len, port=port)
+    if proc is None:
+        fail(f"vllm serve did not come up ({waited:.0f} s); {logfile}:\n{error_excerpt(logfile)}")
+    typer.echo(f"vLLM hidden-state server at {base} (layers {sorted(set(layers))}; log {logfile}); Ctrl-C stops it")
+    try:
+        proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop(proc)

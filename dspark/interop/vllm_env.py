@@ -91,9 +91,10 @@ def start_vllm(
     max_model_len: int = 2048,
     dtype: str = "float32",
     wait_s: float = 1200,
+    port: int | None = None,
 ):
     """``(process or None, base URL, argv, seconds waited)``; None when it died or never answered."""
-    port = free_port()
+    port = port or free_port()
     cmd = [
         str(venv / "bin" / "vllm"),
         "serve",

@@ -170,7 +170,7 @@ class TargetModel:
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the trainer's autograd reads the result
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's final norm applied to residual-stream states [n, H] (in the model's
         dtype): what capture id ``num_layers`` returns, from a state taken before the norm."""

@@ -34,11 +34,19 @@ def _shard_name(index: int) -> str:
     return f"shard_{index:05d}.safetensors"
 
 
-def _write_shard(target, examples: list[Example], aux_ids, out: Path, s: int, shard_size: int, dtype) -> str:
-    """Compute shard ``s`` and write it atomically; returns its sha256."""
+def _write_shard(features, examples: list[Example], out: Path, s: int, shard_size: int, dtype, threads: int = 1) -> str:
+    """Compute shard ``s`` with ``features(example, index) -> FeatureBatch`` (``threads`` calls
+    at once: a server answers several) and write it atomically; returns its sha256."""
+    indices = range(s * shard_size, min(len(examples), (s + 1) * shard_size))
+    if threads > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads) as pool:
+            batches = list(pool.map(lambda i: features(examples[i], i), indices))
+    else:
+        batches = [features(examples[i], i) for i in indices]
     tensors = {}
-    for i in range(s * shard_size, min(len(examples), (s + 1) * shard_size)):
-        f = extract_features(target, examples[i], tuple(aux_ids), i)
+    for i, f in zip(indices, batches, strict=True):
         tensors[f"{i}.input_ids"] = f.input_ids.contiguous()
         tensors[f"{i}.loss_mask"] = f.loss_mask.contiguous()
         tensors[f"{i}.aux_hidden"] = f.aux_hidden.to(dtype).contiguous()
@@ -48,6 +56,10 @@ def _write_shard(target, examples: list[Example], aux_ids, out: Path, s: int, sh
     save_file(tensors, str(tmp))
     os.replace(tmp, out / name)
     return sha256_file(out / name)
+
+
+def _in_process(target, aux_ids):
+    return lambda example, index: extract_features(target, example, tuple(aux_ids), index)
 
 
 _WORKER: dict = {}
@@ -72,7 +84,8 @@ def _worker_init(target_dir: str, target_dtype: str, data: str, max_len: int, au
 
 def _worker_shard(s: int) -> tuple[int, str]:
     w = _WORKER
-    return s, _write_shard(w["target"], w["examples"], w["aux_ids"], w["out"], s, w["shard_size"], w["dtype"])
+    features = _in_process(w["target"], w["aux_ids"])
+    return s, _write_shard(features, w["examples"], w["out"], s, w["shard_size"], w["dtype"])
 
 
 def build_feature_cache(
@@ -88,12 +101,16 @@ def build_feature_cache(
     target_dir: str | Path | None = None,
     data: str | Path | None = None,
     max_len: int | None = None,
+    vllm=None,
+    vllm_concurrency: int = 8,
 ) -> Path:
     """Write the features of ``examples`` to ``out_dir`` (resumes; refuses another dataset's cache).
 
     ``workers > 1`` computes shards in that many processes, each loading the target from
     ``target_dir`` (in ``target``'s dtype) and the examples from ``data`` / ``max_len``;
-    ``target`` itself then only names the target and its dtype."""
+    ``target`` itself then only names the target and its dtype. ``vllm``: a
+    `VllmHiddenStates` client computes them instead (``vllm_concurrency`` requests at once);
+    the manifest records the source, and a cache is never filled from two sources."""
     from tqdm import tqdm
 
     out = Path(out_dir)
@@ -107,9 +124,11 @@ def build_feature_cache(
         "num_examples": len(examples),
         "shard_size": shard_size,
         "dtype": str(dtype).removeprefix("torch."),
+        "source": "in-process" if vllm is None else "vllm",
     }
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {**header, "shards": {}}
     manifest.setdefault("target_dtype", "float32")  # caches written before the field existed
+    manifest.setdefault("source", "in-process")
     if {k: manifest.get(k) for k in header} != header:
         theirs = {k: manifest.get(k) for k in header if manifest.get(k) != header[k]}
         raise DSparkError(
@@ -127,7 +146,8 @@ def build_feature_cache(
         os.replace(tmp_manifest, manifest_path)
         bar.update(1)
 
-    if workers > 1 and len(todo) > 1:
+    features, threads = (_in_process(target, aux_ids), 1) if vllm is None else (vllm.features, vllm_concurrency)
+    if workers > 1 and len(todo) > 1 and vllm is None:
         if target_dir is None or data is None:
             raise ValueError("build_feature_cache(workers > 1) needs target_dir and data")
         args = (str(target_dir), target_dtype, str(data), max_len, tuple(aux_ids), str(out), shard_size, dtype)
@@ -136,7 +156,7 @@ def build_feature_cache(
                 record(s, sha)
     else:
         for s in todo:
-            record(s, _write_shard(target, examples, aux_ids, out, s, shard_size, dtype))
+            record(s, _write_shard(features, examples, out, s, shard_size, dtype, threads))
     bar.close()
     return out
 

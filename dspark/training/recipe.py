@@ -6,6 +6,7 @@ target: /path/to/hf-target
 data: /path/to/train.jsonl   # rows {"input_ids", "loss_mask"} from `dspark datagen`
 out: runs/my-drafter
 source: online               # online (target in a worker process) | inprocess | offline (+ cache: DIR)
+                             # | vllm (+ vllm: {url: URL}: a `dspark vllm-hidden-states` server) | ray
 drafter:                     # init options (or `path:` to continue from a drafter directory)
   layers: 1
   block_size: 8
@@ -30,10 +31,11 @@ import yaml
 from dspark.errors import ConfigError
 from dspark.training.trainer import TrainConfig
 
-TOP_KEYS = {"preset", "target", "data", "out", "source", "cache", "ray", "drafter", "train", "seed"}
+TOP_KEYS = {"preset", "target", "data", "out", "source", "cache", "ray", "vllm", "drafter", "train", "seed"}
 RAY_KEYS = {"address", "num_workers", "num_cpus_per_worker", "in_flight"}
+VLLM_KEYS = {"url", "concurrency"}
 DRAFTER_KEYS = {"path", "method", "vocab"}  # and the init options of the families (`drafter_keys`)
-SOURCES = ("online", "inprocess", "offline", "ray")
+SOURCES = ("online", "inprocess", "offline", "ray", "vllm")
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Recipe:
     source: str = "online"
     cache: Path | None = None  # feature cache directory for source: offline
     ray: dict = field(default_factory=dict)  # RaySource options for source: ray
+    vllm: dict = field(default_factory=dict)  # VllmSource options for source: vllm (url, concurrency)
     preset: str | None = None
     drafter: dict = field(default_factory=dict)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -137,8 +140,15 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     bad = sorted(set(ray_opts) - RAY_KEYS)
     if bad:
         raise ConfigError(f"{src}: unknown ray key(s) {bad}; allowed: {sorted(RAY_KEYS)}")
+    vllm_opts = raw.get("vllm") or {}
+    bad = sorted(set(vllm_opts) - VLLM_KEYS)
+    if bad:
+        raise ConfigError(f"{src}: unknown vllm key(s) {bad}; allowed: {sorted(VLLM_KEYS)}")
+    if source == "vllm" and "url" not in vllm_opts:
+        raise ConfigError(f"{src}: source: vllm needs vllm: {{url: URL}} (a `dspark vllm-hidden-states` server)")
     return Recipe(
         ray=ray_opts,
+        vllm=vllm_opts,
         cache=(base / raw["cache"]).resolve() if "cache" in raw else None,
         target=(base / raw["target"]).resolve() if not Path(raw["target"]).is_absolute() else Path(raw["target"]),
         data=(base / raw["data"]).resolve() if not Path(raw["data"]).is_absolute() else Path(raw["data"]),

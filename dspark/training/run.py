@@ -55,6 +55,18 @@ def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | Non
         from dspark.training.feature_cache import OfflineSource
 
         source = OfflineSource(recipe.cache, aux, seed=recipe.train.seed, limit=limit)
+    elif recipe.source == "vllm":
+        from dspark.training.vllm_source import VllmSource
+
+        examples = _first(load_examples(recipe.data, max_len=recipe.train.seq_len), limit, recipe.data)
+        source = VllmSource(
+            recipe.vllm["url"],
+            target,
+            examples,
+            aux,
+            seed=recipe.train.seed,
+            concurrency=int(recipe.vllm.get("concurrency", 4)),
+        )
     elif recipe.source == "online":
         del target  # the worker process loads its own copy
         source = OnlineSource(

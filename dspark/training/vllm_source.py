@@ -92,7 +92,7 @@ class VllmHiddenStates:
             )
         return hidden
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def features(self, example: Example, index: int) -> FeatureBatch:
         """The same `FeatureBatch` as `extract_features` computes in process."""
         hidden = self.fetch(example.input_ids.tolist()).float()
@@ -128,9 +128,7 @@ class VllmSource:
     """Training features from a live vLLM hidden-state server, in the trainer's example order;
     ``concurrency`` requests in flight ahead of the trainer."""
 
-    def __init__(
-        self, url: str, target, examples: list[Example], aux_ids, *, seed: int, concurrency: int = 4
-    ) -> None:
+    def __init__(self, url: str, target, examples: list[Example], aux_ids, *, seed: int, concurrency: int = 4) -> None:
         self.client = VllmHiddenStates(url, target, aux_ids)
         self.examples, self.seed, self.concurrency = examples, seed, concurrency
         self.wait_seconds = 0.0
