@@ -528,3 +528,20 @@ def test_datagen_through_a_server_gets_the_in_process_rows(server, chat_target, 
     # A server that cannot return token ids is named, not silently re-tokenized.
     body = {"prompt": [5, 6], "max_tokens": 2, "stream": True, "return_token_ids": True}
     assert httpx.post(server + "/v1/completions", json=body, timeout=30).status_code == 400
+
+
+def test_datagen_bench_puts_a_server_beside_the_in_process_engines(server, chat_target):
+    """`dspark corpus bench --engines ...,server/N --server URL`: same prompts, one table; dspark
+    serve's greedy answers (fp32) agree with in-process generate token for token."""
+    from dspark.bench.datagen import parse_engines, run_datagen_bench
+    from dspark.errors import DSparkError
+
+    specs = parse_engines("generate/float32/4,server/3")
+    assert [s.label for s in specs] == ["generate/float32/4", "server/3"]
+    prompts = ["def f(x):", "hello there", "a b a b"]
+    rows = run_datagen_bench(chat_target, prompts, specs, max_new_tokens=8, server=server, log=lambda _m: None)
+    assert rows[1]["engine"] == "server/target" and rows[1]["identical_to_reference"] == 3
+    with pytest.raises(DSparkError, match="needs --server"):
+        run_datagen_bench(chat_target, prompts, specs, max_new_tokens=8, log=lambda _m: None)
+    with pytest.raises(DSparkError, match="server/N"):
+        parse_engines("server/x")

@@ -3,7 +3,9 @@ tokens per second, and how far each engine's greedy answers agree with the first
 
 An engine is ``KIND/DTYPE/N``: ``generate/float32/32`` is `dspark datagen` as it was (Hugging
 Face ``generate``, static batches of 32, fp32); ``slots/bfloat16/64`` is continuous batching
-over 64 slots in bf16. Every engine answers the same prompts with the same ``max_new_tokens``.
+over 64 slots in bf16; ``server/N`` is an OpenAI-compatible server (vLLM, `dspark serve`) at
+N requests in flight, in its own dtype. Every engine answers the same prompts with the same
+``max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class EngineSpec:
 
     @property
     def label(self) -> str:
+        if self.kind == "server":
+            return f"server/{self.size}"
         return f"{self.kind}/{self.dtype}/{self.size}" + (f"x{self.workers}" if self.workers > 1 else "")
 
 
@@ -32,6 +36,11 @@ def parse_engines(text: str) -> list[EngineSpec]:
     specs = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
         parts = item.split("/")
+        if parts[0] == "server":
+            if len(parts) != 2 or not parts[1].isdigit() or int(parts[1]) < 1:
+                raise DSparkError(f"--engines {item!r}: expected server/N (N requests in flight)")
+            specs.append(EngineSpec("server", "server", int(parts[1])))
+            continue
         if len(parts) != 3 or parts[0] not in ("generate", "slots") or parts[1] not in ("float32", "bfloat16"):
             raise DSparkError(f"--engines {item!r}: expected KIND/DTYPE/N, KIND generate|slots, DTYPE float32|bfloat16")
         size_text, _, workers_text = parts[2].partition("x")
@@ -58,15 +67,25 @@ def agreement(reference: list[int], other: list[int]) -> tuple[bool, int]:
 
 
 def run_datagen_bench(
-    target_dir, prompts: list, specs: list[EngineSpec], *, max_new_tokens: int, max_prompt_len: int = 1024, log=print
+    target_dir,
+    prompts: list,
+    specs: list[EngineSpec],
+    *,
+    max_new_tokens: int,
+    max_prompt_len: int = 1024,
+    server: str | None = None,
+    log=print,
 ) -> list[dict]:
+    """``server``: the URL the ``server/N`` engines talk to."""
     from dspark.target import TargetModel
     from dspark.target.prompts import encode_prompt
-    from dspark.training.datagen import GenerateEngine, SlotEngine
+    from dspark.training.datagen import GenerateEngine, ServerEngine, SlotEngine
 
+    if any(spec.kind == "server" for spec in specs) and not server:
+        raise DSparkError("a server/N engine needs --server URL")
     rows, reference = [], None
     for spec in specs:
-        target = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, spec.dtype))
+        target = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, spec.dtype, torch.float32))
         encoded = [encode_prompt(target.tokenizer, p) for p in prompts]
         longest = max(max_prompt_len, *map(len, encoded))
         if spec.workers > 1:
@@ -90,7 +109,9 @@ def run_datagen_bench(
             engine_name = ",".join(sorted(names))
         else:
             common = {"max_new_tokens": max_new_tokens}
-            if spec.kind == "slots":
+            if spec.kind == "server":
+                engine = ServerEngine(server, concurrency=spec.size, stop_ids=target.stop_token_ids(), **common)
+            elif spec.kind == "slots":
                 engine = SlotEngine(target, slots=spec.size, max_prompt_len=longest, **common)
             else:
                 engine = GenerateEngine(target, batch_size=spec.size, **common)

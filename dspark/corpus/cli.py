@@ -307,9 +307,11 @@ def bench_cmd(
     engines: Annotated[
         str,
         typer.Option(
-            help="Comma list of KIND/DTYPE/N[xW]: generate or slots, float32 or bfloat16, batch or slots, W workers."
+            help="Comma list of KIND/DTYPE/N[xW]: generate or slots, float32 or bfloat16, batch or slots, W workers; "
+            "or server/N: --server at N requests in flight."
         ),
     ] = "generate/float32/32,slots/bfloat16/64",
+    server: Annotated[str | None, typer.Option(help="OpenAI-compatible server for server/N engines.")] = None,
     dataset: Annotated[str, typer.Option(help="Training prompt set (not a benchmark).")] = "gsm8k_train",
     rows: Annotated[int, typer.Option(min=1, help="Prompts.")] = 64,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap.")] = 256,
@@ -334,7 +336,12 @@ def bench_cmd(
         prompts = training_prompts(dataset, rows)
         meta = provenance(command=" ".join(["dspark", *sys.argv[1:]]), dataset=dataset, rows=rows)  # before the run
         result = run_datagen_bench(
-            target_dir, prompts, specs, max_new_tokens=max_new_tokens, log=lambda m: typer.echo(m, err=True)
+            target_dir,
+            prompts,
+            specs,
+            max_new_tokens=max_new_tokens,
+            server=server,
+            log=lambda m: typer.echo(m, err=True),
         )
     except DSparkError as exc:
         _fail(str(exc))
