@@ -269,7 +269,10 @@ def report(result: dict) -> str:
             )
         else:
             error = (run.get("error") or "no spec-decode counters").strip().splitlines()
-            cause = next((e for e in reversed(error) if "Error" in e), error[-1] if error else "")
+            # pydantic's "Value error, ..." line names the cause; its header line does not.
+            cause = next((e for e in reversed(error) if "Value error" in e), None)
+            cause = cause or next((e for e in reversed(error) if "Error" in e), error[-1] if error else "")
+            cause = cause.split("[type=")[0]
             lines.append(f"| {kind} | refused | {mine['vllm_style_accept_len']:.3f} | | | | `{cause.strip()[:200]}` |")
     plain = result["serving"].get("plain", {})
     if "identical_to_ours" in plain:

@@ -108,13 +108,19 @@ class SlotDecoder:
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
-    def prefill(self, slot: int, ids: Sequence[int]) -> torch.Tensor:
+    def prefill(self, slot: int, ids: Sequence[int], capture: Sequence[int] = ()):
         """Start ``slot`` over with ``ids``; the logits [V] of its last position. A prompt that
         begins with the prefix set by `set_prefix` copies its cached keys and values and
-        computes only the rest."""
+        computes only the rest. With ``capture`` (layer ids, as `TargetModel.forward` takes
+        them; no prefix reuse then): ``(logits, aux [t, len(capture)·H])``."""
         t = len(ids)
         if not 0 < t < self.max_len:
             raise DSparkError(f"a prompt of {t} tokens does not fit a slot of {self.max_len}")
+        if capture:
+            states: dict[int, torch.Tensor] = {}
+            h = self._run_prompt(slot, ids, 0, states, tuple(capture))
+            self.lengths[slot] = t
+            return self._logits(h[0, -1]), self._aux(states, capture, h)[0]
         past = 0
         if self._prefix is not None and t > len(self._prefix) and list(ids[: len(self._prefix)]) == self._prefix:
             past = len(self._prefix)
@@ -125,7 +131,15 @@ class SlotDecoder:
         self.lengths[slot] = t
         return self._logits(h[0, -1])
 
-    def _run_prompt(self, slot: int, ids: Sequence[int], past: int) -> torch.Tensor:
+    def _aux(self, states: dict[int, torch.Tensor], capture: Sequence[int], h: torch.Tensor) -> torch.Tensor:
+        """[B, T, len(capture)·H]: id i is the input of layer i, id ``len(layers)`` the final
+        normed state (HF ``hidden_states[i]``)."""
+        last = len(self.layers)
+        return torch.cat([self.inner.norm(h) if i == last else states[i] for i in capture], dim=-1)
+
+    def _run_prompt(
+        self, slot: int, ids: Sequence[int], past: int, states: dict | None = None, capture: tuple[int, ...] = ()
+    ) -> torch.Tensor:
         t = len(ids)
         x = torch.tensor([list(ids)], device=self.device)
         positions = torch.arange(past, past + t, device=self.device)[None]
@@ -134,6 +148,8 @@ class SlotDecoder:
             mask = torch.arange(past + t, device=self.device)[None, :] <= positions[0][:, None]
         h = self.inner.embed_tokens(x)
         for i, layer in enumerate(self.layers):
+            if i in capture:
+                states[i] = h
             q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), positions)
             self.k[i][slot, :, past : past + t] = k[0]
             self.v[i][slot, :, past : past + t] = v[0]
@@ -180,6 +196,55 @@ class SlotDecoder:
             h = self._finish(layer, h, self._attend(q, self.k[i][:n, :, :span], self.v[i][:n, :, :span], mask))
         self.lengths[:n] += 1
         return self._logits(h[:, 0])
+
+    @torch.inference_mode()
+    def extend(self, tokens: Sequence[Sequence[int]], capture: Sequence[int] = ()):
+        """Append ``tokens[s]`` (at least one each, any number) to slot ``s`` for the first
+        ``len(tokens)`` slots in one forward; per slot ``(logits [t_s, V], aux [t_s, m·H] or
+        None)``. A slot's length advances by its ``t_s``; `set_length` takes back what
+        verification rejects (the stale keys and values past a length are never read: each
+        step writes its positions before attending to them)."""
+        n = len(tokens)
+        counts = [len(t) for t in tokens]
+        if min(counts) < 1:
+            raise DSparkError("extend: every slot needs at least one token")
+        width = max(counts)
+        lengths = self.lengths[:n]
+        span = int(lengths.max()) + width
+        if span > self.max_len:
+            raise DSparkError(f"a slot would pass its {self.max_len} positions")
+        ids = torch.zeros(n, width, dtype=torch.long)
+        for s, row in enumerate(tokens):
+            ids[s, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
+        offsets = torch.arange(width, device=self.device)
+        positions = lengths[:, None] + offsets[None, :]  # [n, width]
+        # Query j of slot s sees the cached positions <= lengths[s] + j (its own new ones causally).
+        mask = (torch.arange(span, device=self.device)[None, None, :] <= positions[:, :, None])[:, None]
+        rows = self._slot_index[:n, None].expand(n, width)
+        h = self.inner.embed_tokens(ids.to(self.device))
+        capture = tuple(capture)
+        states: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if i in capture:
+                states[i] = h
+            q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), positions)
+            self.k[i][rows, :, positions] = k.transpose(1, 2)
+            self.v[i][rows, :, positions] = v.transpose(1, 2)
+            attn = self._attend(q, self.k[i][:n, :, :span], self.v[i][:n, :, :span], mask)
+            h = self._finish(layer, h, attn)
+        self.lengths[:n] += torch.as_tensor(counts, device=self.device)
+        valid = torch.cat([h[s, :c] for s, c in enumerate(counts)])  # [sum t_s, H]
+        logits = self._logits(valid).split(counts)
+        if not capture:
+            return [(lg, None) for lg in logits]
+        aux = self._aux(states, capture, h)
+        return [(lg, aux[s, :c]) for s, (lg, c) in enumerate(zip(logits, counts, strict=True))]
+
+    def set_length(self, slot: int, length: int) -> None:
+        """Keep the first ``length`` cached positions of ``slot`` (a rejected draft's go)."""
+        if not 0 <= length <= int(self.lengths[slot]):
+            raise DSparkError(f"slot {slot}: cannot set a length of {length} (it holds {int(self.lengths[slot])})")
+        self.lengths[slot] = length
 
     @torch.inference_mode()
     def move(self, src: int, dst: int) -> None:

@@ -1,0 +1,180 @@
+"""Many sequences decoding at once, speculatively: one target forward per step verifies every
+active sequence's own draft.
+
+`BatchedEngine` keeps each sequence in a slot of a `SlotDecoder` (the target's own modules
+over a preallocated KV cache). A step asks each sequence's drafter for its drafts (its own
+length, zero included), appends ``[anchor, drafts...]`` to every slot in one forward
+(`SlotDecoder.extend`), verifies each sequence against its rows with the same rules as the
+one-sequence engine (greedy, or rejection sampling with the sequence's own generator), and
+takes back each slot's rejected positions by setting its length. A sequence joins with one
+prefill (`add`) and leaves when it stops; the others keep their slots, so continuous
+batching is `add` between `step`s. Each sequence has its own drafter instance (drafter state
+is per sequence); the drafters draft one after another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from dspark.decoding.drafters import Drafter, Proposal
+from dspark.decoding.sampling import SamplingParams, probabilities
+from dspark.decoding.verify import verify_greedy, verify_sampling
+from dspark.errors import DSparkError
+
+
+@dataclass
+class Sequence:
+    """One request in the batch: its prompt, limits, sampling state, drafter and output."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    generator: torch.Generator | None = None
+    stop_ids: set[int] = field(default_factory=set)
+    drafter: Drafter | None = None
+    num_speculative_tokens: int = 0
+    tag: object = None  # the caller's handle (a request id)
+    tokens: list[int] = field(default_factory=list)
+    forwards: int = 0  # verification forwards (the prefill excluded)
+    drafted: int = 0
+    accepted: int = 0
+    finished: bool = False
+
+    @property
+    def accept_len(self) -> float:
+        """Tokens emitted per verification forward, bonus included (as `GenerationResult`)."""
+        return (len(self.tokens) - 1) / self.forwards if self.forwards else 0.0
+
+
+class BatchedEngine:
+    """Continuous batching with speculative decoding over a `SlotDecoder` of ``slots`` rows."""
+
+    def __init__(self, decoder, capture: tuple[int, ...] = ()) -> None:
+        self.decoder = decoder
+        self.capture = tuple(capture)  # the aux layers every drafter of this engine reads
+        self.active: list[Sequence] = []  # sequence i lives in slot i
+
+    @property
+    def free_slots(self) -> int:
+        return self.decoder.slots - len(self.active)
+
+    def _pick(self, logits: torch.Tensor, seq: Sequence) -> int:
+        if seq.params.greedy:
+            return int(torch.argmax(logits))
+        return int(torch.multinomial(probabilities(logits[None], seq.params)[0], 1, generator=seq.generator))
+
+    @torch.inference_mode()
+    def add(self, seq: Sequence) -> list[int]:
+        """Prefill ``seq`` into a free slot; the token(s) it emitted (its first)."""
+        if not self.free_slots:
+            raise DSparkError("no free slot: step until a sequence finishes")
+        if seq.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if len(seq.prompt) + seq.max_new_tokens + seq.num_speculative_tokens + 1 > self.decoder.max_len:
+            raise DSparkError(
+                f"a prompt of {len(seq.prompt)} tokens + {seq.max_new_tokens} new does not fit a slot of "
+                f"{self.decoder.max_len} positions"
+            )
+        wanted = tuple(seq.drafter.aux_layer_ids) if seq.drafter is not None else ()
+        if any(i not in self.capture for i in wanted):
+            raise DSparkError(f"the drafter reads layers {list(wanted)}; this engine captures {list(self.capture)}")
+        slot = len(self.active)
+        if self.capture:
+            logits, aux = self.decoder.prefill(slot, seq.prompt, self.capture)
+        else:
+            logits, aux = self.decoder.prefill(slot, seq.prompt), None
+        first = self._pick(logits, seq)
+        seq.tokens = [first]
+        if seq.drafter is not None:
+            seq.drafter.begin(torch.tensor(seq.prompt), self._columns(aux, seq))
+        self.active.append(seq)
+        if first in seq.stop_ids or seq.max_new_tokens == 1:
+            self._finish(slot)
+        return [first]
+
+    def _columns(self, aux: torch.Tensor | None, seq: Sequence) -> torch.Tensor | None:
+        """The slice of the captured states that ``seq``'s drafter reads, in its order."""
+        if aux is None or seq.drafter is None or not seq.drafter.aux_layer_ids:
+            return None
+        h = aux.shape[-1] // len(self.capture)
+        return torch.cat(
+            [aux[:, self.capture.index(i) * h : (self.capture.index(i) + 1) * h] for i in seq.drafter.aux_layer_ids], -1
+        )
+
+    def _finish(self, slot: int) -> None:
+        """Drop the sequence in ``slot``; the last one moves into its place."""
+        self.active[slot].finished = True
+        last = len(self.active) - 1
+        if slot != last:
+            self.decoder.move(last, slot)
+            self.active[slot] = self.active[last]
+        self.active.pop()
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Sequence, list[int]]]:
+        """One forward for every active sequence: ``(sequence, tokens it emitted)`` each;
+        finished sequences have left the batch when it returns."""
+        if not self.active:
+            return []
+        proposals: list[Proposal] = []
+        rows: list[list[int]] = []
+        for seq in self.active:
+            anchor = seq.tokens[-1]
+            k = min(seq.num_speculative_tokens, seq.max_new_tokens - len(seq.tokens) - 1)
+            if seq.drafter is not None and k > 0:
+                proposal = seq.drafter.propose(anchor, k, seq.params, seq.generator)
+            else:
+                proposal = Proposal.empty()
+            proposals.append(proposal)
+            rows.append([anchor, *proposal.tokens.tolist()])
+        lengths = self.decoder.lengths[: len(self.active)].clone()
+        outputs = self.decoder.extend(rows, self.capture)
+        emitted: list[tuple[Sequence, list[int]]] = []
+        done: list[int] = []
+        for slot, (seq, proposal, ids, (logits, aux)) in enumerate(
+            zip(self.active, proposals, rows, outputs, strict=True)
+        ):
+            drafts = proposal.tokens
+            if seq.params.greedy:
+                verdict = verify_greedy(drafts, logits)
+            else:
+                q = proposal.probs if len(drafts) else torch.zeros(0, logits.shape[-1])
+                verdict = verify_sampling(drafts, q, probabilities(logits, seq.params), seq.generator)
+            a = verdict.num_accepted
+            self.decoder.set_length(slot, int(lengths[slot]) + a + 1)
+            seq.forwards += 1
+            seq.drafted += len(drafts)
+            seq.accepted += a
+            if seq.drafter is not None:
+                seq.drafter.accept(
+                    torch.tensor(ids[: a + 1]), None if aux is None else self._columns(aux[: a + 1], seq)
+                )
+            new = []
+            for tok in verdict.tokens:
+                seq.tokens.append(tok)
+                new.append(tok)
+                if tok in seq.stop_ids or len(seq.tokens) >= seq.max_new_tokens:
+                    done.append(slot)
+                    break
+            emitted.append((seq, new))
+        for slot in sorted(done, reverse=True):
+            self._finish(slot)
+        return emitted
+
+    def run(self, sequences: list[Sequence], on_tokens: Callable[[Sequence, list[int]], None] | None = None):
+        """Decode every sequence to its end, admitting new ones as slots free up; returns them."""
+        queue = list(sequences)
+        queue.reverse()
+        while queue or self.active:
+            while queue and self.free_slots:
+                seq = queue.pop()
+                first = self.add(seq)
+                if on_tokens:
+                    on_tokens(seq, first)
+            for seq, new in self.step():
+                if on_tokens:
+                    on_tokens(seq, new)
+        return sequences

@@ -1,0 +1,128 @@
+"""Batched speculative decoding: every sequence of a batch decodes as it would alone.
+
+Greedy: sequences of mixed prompt lengths, lengths, stop points and draft lengths (zero
+included), more of them than slots (so sequences join as others leave and slots move), give
+token for token what the one-sequence engine gives for each. Sampling: a sequence sampled
+inside a batch follows the target's joint distribution (same test as the one-sequence
+engine's, tests/test_sampling_engine.py).
+"""
+
+import pytest
+import torch
+from helpers import ModelDrafter, untrained_drafter
+from test_sampling_engine import PARAMS, exact_joint
+
+from dspark.decoding import DSparkDrafter, SpeculativeEngine
+from dspark.decoding.batch import BatchedEngine, Sequence
+from dspark.errors import DSparkError
+from dspark.target.slots import SlotDecoder
+
+PROMPTS = ["def add(a, b):", "the answer is", "for i in range(10):", "print", "sold clips to friends in April"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_greedy_batch_equals_each_sequence_alone(tiny_targets, arch):
+    target = tiny_targets[arch]
+    torch.manual_seed(0)
+    model = untrained_drafter(target)
+    aux = tuple(model.config.aux_hidden_state_layer_ids)
+    tok = target.tokenizer
+    specs = []  # (prompt ids, max_new_tokens, k, stop ids)
+    for i, text in enumerate(PROMPTS * 2):
+        ids = tok(text)["input_ids"]
+        specs.append((ids, 6 + 4 * i, [0, 1, 3, 5][i % 4], set()))
+    # A stop token the plain decoding of the first prompt reaches: that sequence stops early.
+    alone = SpeculativeEngine(target).generate(specs[0][0], max_new_tokens=specs[0][1], stop_token_ids=set())
+    stop = alone.tokens[len(alone.tokens) // 2]
+    cut = alone.tokens.index(stop)  # where it first appears
+    specs[0] = (specs[0][0], specs[0][1], 3, {stop})
+
+    decoder = SlotDecoder(target.model, slots=3, max_len=128)
+    engine = BatchedEngine(decoder, capture=aux)
+    seqs = [
+        Sequence(
+            prompt=ids,
+            max_new_tokens=n,
+            stop_ids=stops,
+            drafter=DSparkDrafter(model, target_vocab_size=target.vocab_size) if k else None,
+            num_speculative_tokens=k,
+        )
+        for ids, n, k, stops in specs
+    ]
+    engine.run(seqs)
+    assert not engine.active
+    for seq, (ids, n, k, stops) in zip(seqs, specs, strict=True):
+        drafter = DSparkDrafter(model, target_vocab_size=target.vocab_size) if k else None
+        ref = SpeculativeEngine(target, drafter, num_speculative_tokens=k).generate(
+            ids, max_new_tokens=n, stop_token_ids=stops
+        )
+        assert seq.finished and seq.tokens == ref.tokens, (ids, k)
+        if k:  # the same drafts accepted as alone: the drafter saw the same states
+            assert seq.forwards == ref.target_forwards
+    assert seqs[0].tokens[-1] in specs[0][3] and len(seqs[0].tokens) == cut + 1
+
+
+def test_extend_matches_one_sequence_forwards(tiny_targets):
+    """Rows of different lengths in one forward: each slot's logits and captured states equal
+    the target's own forward over that sequence alone."""
+    target = tiny_targets["qwen3"]
+    decoder = SlotDecoder(target.model, slots=3, max_len=64)
+    capture = (1, target.num_layers)
+    seqs = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    news = [[20, 21, 22], [23], [24, 25]]
+    for slot, ids in enumerate(seqs):
+        decoder.prefill(slot, ids, capture)
+    out = decoder.extend(news, capture)
+    for (logits, aux), ids, new in zip(out, seqs, news, strict=True):
+        target.reset()
+        full = target.forward(torch.tensor(ids + new), capture=capture)
+        torch.testing.assert_close(logits, full.logits[len(ids) :], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(aux.float(), full.aux_hidden[len(ids) :].float(), rtol=1e-4, atol=1e-4)
+    # Taking back a slot's positions, then extending again, reads only what it kept.
+    decoder.set_length(0, len(seqs[0]) + 1)
+    (logits, _), _, _ = decoder.extend([[30, 31], [32], [33]], capture)
+    target.reset()
+    again = target.forward(torch.tensor(seqs[0] + news[0][:1] + [30, 31]))
+    torch.testing.assert_close(logits, again.logits[-2:], rtol=1e-4, atol=1e-4)
+    with pytest.raises(DSparkError, match="cannot set a length"):
+        decoder.set_length(1, 999)
+
+
+def test_sampling_in_a_batch_follows_the_target(tiny_targets):
+    """Sixteen sequences sampled side by side, each with its own generator, drafts from a
+    different distribution (accept and reject paths), TV < 0.06 over 3008 samples."""
+    target = tiny_targets["qwen3"]
+    prompt = target.tokenizer("for i in")["input_ids"]
+    exact = exact_joint(target, prompt, 3)
+    counts = dict.fromkeys(exact, 0)
+    engine = BatchedEngine(SlotDecoder(target.model, slots=16, max_len=32))
+    accepted = drafted = n = 0
+    for batch in range(188):
+        seqs = [
+            Sequence(
+                prompt=prompt,
+                max_new_tokens=3,
+                params=PARAMS,
+                generator=torch.Generator().manual_seed(1000 * batch + i),
+                drafter=ModelDrafter(target, temperature_scale=1.6),
+                num_speculative_tokens=2,
+            )
+            for i in range(16)
+        ]
+        for seq in engine.run(seqs):
+            counts[tuple(seq.tokens)] += 1
+            accepted += seq.accepted
+            drafted += seq.drafted
+            n += 1
+    tv = 0.5 * sum(abs(counts[key] / n - exact[key]) for key in exact)
+    assert tv < 0.06, f"TV {tv:.3f}"
+    assert 0 < accepted < drafted
+
+
+def test_a_drafter_reading_uncaptured_layers_is_refused(tiny_targets):
+    target = tiny_targets["qwen3"]
+    model = untrained_drafter(target)
+    engine = BatchedEngine(SlotDecoder(target.model, slots=2, max_len=32))  # captures nothing
+    seq = Sequence(prompt=[5, 6], max_new_tokens=4, drafter=DSparkDrafter(model, target_vocab_size=target.vocab_size))
+    with pytest.raises(DSparkError, match="reads layers"):
+        engine.add(seq)
