@@ -14,6 +14,7 @@ from test_sampling_engine import PARAMS, exact_joint
 
 from dspark.decoding import DSparkDrafter, SpeculativeEngine
 from dspark.decoding.batch import BatchedEngine, Sequence
+from dspark.decoding.drafters import fork_drafter
 from dspark.errors import DSparkError
 from dspark.target.slots import SlotDecoder
 
@@ -39,12 +40,13 @@ def test_greedy_batch_equals_each_sequence_alone(tiny_targets, arch):
 
     decoder = SlotDecoder(target.model, slots=3, max_len=128)
     engine = BatchedEngine(decoder, capture=aux)
+    base = DSparkDrafter(model, target_vocab_size=target.vocab_size)
     seqs = [
         Sequence(
             prompt=ids,
             max_new_tokens=n,
             stop_ids=stops,
-            drafter=DSparkDrafter(model, target_vocab_size=target.vocab_size) if k else None,
+            drafter=fork_drafter(base) if k else None,
             num_speculative_tokens=k,
         )
         for ids, n, k, stops in specs
@@ -59,6 +61,8 @@ def test_greedy_batch_equals_each_sequence_alone(tiny_targets, arch):
         assert seq.finished and seq.tokens == ref.tokens, (ids, k)
         if k:  # the same drafts accepted as alone: the drafter saw the same states
             assert seq.forwards == ref.target_forwards
+    forked = fork_drafter(base)
+    assert forked.model is base.model and forked is not base and forked.timings is not base.timings
     assert seqs[0].tokens[-1] in specs[0][3] and len(seqs[0].tokens) == cut + 1
 
 

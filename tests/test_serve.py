@@ -545,3 +545,55 @@ def test_datagen_bench_puts_a_server_beside_the_in_process_engines(server, chat_
         run_datagen_bench(chat_target, prompts, specs, max_new_tokens=8, log=lambda _m: None)
     with pytest.raises(DSparkError, match="server/N"):
         parse_engines("server/x")
+
+
+def test_continuous_batching_serves_each_request_as_alone(server, chat_target, draft):
+    """`dspark serve --batch 3`: six clients at once (plain and speculative, different
+    lengths, a stop string, one client hanging up mid-stream) each get the text the
+    one-at-a-time server gives them."""
+    proc, batched = start_server(
+        chat_target, draft, "--num-speculative-tokens", "3", "--batch", "3", "--max-concurrency", "8"
+    )
+    try:
+        bodies = [{"prompt": f"def f{i}(x):", "max_tokens": 10 + 7 * i, "temperature": 0} for i in range(5)] + [
+            {"prompt": "a b a b", "max_tokens": 30, "temperature": 0, "stop": ["b a"]}
+        ]
+        expected = [
+            httpx.post(f"{server}/v1/completions", json=b, timeout=120).json()["choices"][0]["text"] for b in bodies
+        ]
+        answers: dict[int, object] = {}
+
+        def ask(i):
+            r = httpx.post(f"{batched}/v1/completions", json=bodies[i], timeout=120)
+            answers[i] = r.json()
+
+        def hang_up():
+            with httpx.stream(
+                "POST",
+                f"{batched}/v1/completions",
+                timeout=60,
+                json={"prompt": "def long(x):", "max_tokens": 300, "temperature": 0, "stream": True},
+            ) as r:
+                lines = r.iter_lines()
+                next(lines)
+                next(lines)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+        threads.append(threading.Thread(target=hang_up))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, body in enumerate(bodies):
+            assert answers[i]["choices"][0]["text"] == expected[i], body
+            assert answers[i]["spec_decode"]["accept_len"] >= 1.0
+        deadline = time.monotonic() + 30  # the hung-up stream is cut at its next step
+        while 'finished_reason="abort"} 1' not in httpx.get(f"{batched}/metrics").text:
+            assert time.monotonic() < deadline, "the abandoned request was not aborted"
+            time.sleep(0.2)
+        seeded = {"prompt": "x =", "max_tokens": 12, "temperature": 0.8, "seed": 3}
+        first, again = (httpx.post(f"{batched}/v1/completions", json=seeded, timeout=60).json() for _ in range(2))
+        assert first["choices"][0]["text"] == again["choices"][0]["text"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)

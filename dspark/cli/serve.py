@@ -23,8 +23,16 @@ def serve_cmd(
         int, typer.Option(min=0, help="Drafts verified per step; 0 serves plain decoding.")
     ] = DEFAULT_DRAFT_TOKENS,
     max_concurrency: Annotated[
-        int, typer.Option(min=1, help="Requests admitted at once (one decodes, the rest wait); more get 429.")
+        int, typer.Option(min=1, help="Requests waiting at once (beyond those decoding); more get 429.")
     ] = 16,
+    batch: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Requests decoded together (continuous batching, one target forward per step for all); "
+            "1 decodes one at a time.",
+        ),
+    ] = 1,
     request_timeout: Annotated[
         float, typer.Option(help="Seconds a request may take, waiting included; then it is cut short.")
     ] = 600.0,
@@ -76,6 +84,7 @@ def serve_cmd(
                 port=port,
                 num_speculative_tokens=num_speculative_tokens,
                 max_concurrency=max_concurrency,
+                batch=batch,
                 request_timeout=request_timeout,
                 max_model_len=max_model_len,
                 model_name=served_model_name,

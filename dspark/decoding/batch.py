@@ -14,18 +14,20 @@ is per sequence); the drafters draft one after another.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from dspark.decoding.drafters import Drafter, Proposal
+from dspark.decoding.engine import GenerationResult
 from dspark.decoding.sampling import SamplingParams, probabilities
 from dspark.decoding.verify import verify_greedy, verify_sampling
 from dspark.errors import DSparkError
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is itself: two with equal fields are still two requests
 class Sequence:
     """One request in the batch: its prompt, limits, sampling state, drafter and output."""
 
@@ -42,11 +44,35 @@ class Sequence:
     drafted: int = 0
     accepted: int = 0
     finished: bool = False
+    attempts: list[int] = field(default_factory=list)  # per draft slot: reached / accepted
+    accepts: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    started: float = 0.0  # perf_counter at the end of the prefill
+    ended: float = 0.0
 
     @property
     def accept_len(self) -> float:
         """Tokens emitted per verification forward, bonus included (as `GenerationResult`)."""
         return (len(self.tokens) - 1) / self.forwards if self.forwards else 0.0
+
+    def result(self) -> GenerationResult:
+        """The one-sequence engine's report of this sequence (decode time shared with the batch)."""
+        decode = max(0.0, (self.ended or time.perf_counter()) - self.started)
+        decoded = len(self.tokens) - 1
+        return GenerationResult(
+            tokens=list(self.tokens),
+            accept_len=self.accept_len,
+            per_position_acceptance=[a / n if n else None for a, n in zip(self.accepts, self.attempts, strict=True)],
+            tokens_per_second=decoded / decode if decode > 0 and decoded else 0.0,
+            target_forwards=self.forwards,
+            prefill_seconds=self.prefill_seconds,
+            decode_seconds=decode,
+            prompt_tokens=len(self.prompt),
+            drafted_tokens=self.drafted,
+            position_attempts=list(self.attempts),
+            position_accepts=list(self.accepts),
+            lookup_steps=getattr(self.drafter, "lookup_steps", None),
+        )
 
 
 class BatchedEngine:
@@ -82,12 +108,17 @@ class BatchedEngine:
         if any(i not in self.capture for i in wanted):
             raise DSparkError(f"the drafter reads layers {list(wanted)}; this engine captures {list(self.capture)}")
         slot = len(self.active)
+        seq.attempts = [0] * seq.num_speculative_tokens
+        seq.accepts = [0] * seq.num_speculative_tokens
+        t0 = time.perf_counter()
         if self.capture:
             logits, aux = self.decoder.prefill(slot, seq.prompt, self.capture)
         else:
             logits, aux = self.decoder.prefill(slot, seq.prompt), None
         first = self._pick(logits, seq)
         seq.tokens = [first]
+        seq.started = time.perf_counter()
+        seq.prefill_seconds = seq.started - t0
         if seq.drafter is not None:
             seq.drafter.begin(torch.tensor(seq.prompt), self._columns(aux, seq))
         self.active.append(seq)
@@ -107,6 +138,7 @@ class BatchedEngine:
     def _finish(self, slot: int) -> None:
         """Drop the sequence in ``slot``; the last one moves into its place."""
         self.active[slot].finished = True
+        self.active[slot].ended = time.perf_counter()
         last = len(self.active) - 1
         if slot != last:
             self.decoder.move(last, slot)
@@ -148,6 +180,9 @@ class BatchedEngine:
             seq.forwards += 1
             seq.drafted += len(drafts)
             seq.accepted += a
+            for j in range(min(len(drafts), a + 1)):
+                seq.attempts[j] += 1
+                seq.accepts[j] += int(j < a)
             if seq.drafter is not None:
                 seq.drafter.accept(
                     torch.tensor(ids[: a + 1]), None if aux is None else self._columns(aux[: a + 1], seq)
@@ -163,6 +198,10 @@ class BatchedEngine:
         for slot in sorted(done, reverse=True):
             self._finish(slot)
         return emitted
+
+    def cancel(self, seq: Sequence) -> None:
+        """Take ``seq`` out of the batch now (a client that went away)."""
+        self._finish(next(i for i, s in enumerate(self.active) if s is seq))
 
     def run(self, sequences: list[Sequence], on_tokens: Callable[[Sequence, list[int]], None] | None = None):
         """Decode every sequence to its end, admitting new ones as slots free up; returns them."""

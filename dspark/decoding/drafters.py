@@ -409,3 +409,22 @@ class Eagle3Drafter:
             probs[:, self._draft_to_target] = torch.stack(rows)
         self.timings["backbone"] += time.perf_counter() - t0
         return Proposal(tokens=torch.tensor(tokens, dtype=torch.long, device=self.device), probs=probs)
+
+
+def fork_drafter(drafter):
+    """A drafter with ``drafter``'s weights and settings and a state of its own: one per
+    sequence of a batch. The modules and tensors it holds are shared, not copied (drafters
+    replace their state tensors, never write into them); everything else is copied."""
+    import copy
+
+    memo: dict[int, object] = {}
+
+    def share(obj, depth: int) -> None:
+        for value in vars(obj).values():
+            if isinstance(value, torch.nn.Module | torch.Tensor):
+                memo[id(value)] = value
+            elif depth < 3 and hasattr(value, "__dict__") and not isinstance(value, type):
+                share(value, depth + 1)
+
+    share(drafter, 0)
+    return copy.deepcopy(drafter, memo)

@@ -21,6 +21,7 @@ class ServeOptions:
     port: int = 8000
     num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS
     max_concurrency: int = 16
+    batch: int = 1  # sequences decoded together (continuous batching); 1: one at a time
     request_timeout: float = 600.0
     max_model_len: int | None = None
     model_name: str | None = None
@@ -38,11 +39,13 @@ def build_app(opts: ServeOptions):
     from dspark.decoding.factory import make_engine, precheck_pair
     from dspark.serve.app import ServerConfig, create_app
     from dspark.serve.metrics import Metrics
-    from dspark.serve.worker import Worker
+    from dspark.serve.worker import BatchWorker, Worker
     from dspark.target import TargetModel
 
     if opts.max_concurrency < 1:
         raise DSparkError(f"--max-concurrency must be >= 1, got {opts.max_concurrency}")
+    if opts.batch < 1:
+        raise DSparkError(f"--batch must be >= 1, got {opts.batch}")
     if opts.request_timeout <= 0:
         raise DSparkError(f"--request-timeout must be > 0, got {opts.request_timeout}")
     speculative = opts.num_speculative_tokens > 0
@@ -73,16 +76,59 @@ def build_app(opts: ServeOptions):
             make_engine(target, None, 0),
         )
 
+    k = opts.num_speculative_tokens if speculative else 0
+
+    def build_batch():
+        # Runs on the worker thread. The slot cache is preallocated: --max-model-len positions
+        # (default 2048) per slot, plus room for one verification block.
+        from dspark.decoding.batch import BatchedEngine, Sequence
+        from dspark.decoding.drafters import fork_drafter
+        from dspark.target.slots import SlotDecoder
+
+        target = TargetModel.from_pretrained(opts.target, device=opts.device, dtype=opts.dtype)
+        if target.tokenizer is None:
+            raise DSparkError(f"{opts.target}: the target has no tokenizer; a server needs one")
+        limit = _position_limit(target)
+        if opts.max_model_len and opts.max_model_len > limit:
+            raise DSparkError(f"--max-model-len {opts.max_model_len} exceeds the target's {limit} positions")
+        decoder = SlotDecoder(target.model, slots=opts.batch, max_len=batch_len(target) + k + 1)
+        decoder.check()  # refuses an architecture the slot decoder does not reproduce
+        base = drafting.build(target) if speculative else None
+        engine = BatchedEngine(decoder, capture=tuple(base.aux_layer_ids) if base is not None else ())
+        stops = target.stop_token_ids()
+
+        def new_sequence(job) -> Sequence:
+            generator = None if job.seed is None else torch.Generator().manual_seed(job.seed)
+            drafter = fork_drafter(base) if job.speculative and base is not None else None
+            return Sequence(
+                prompt=list(job.prompt_ids),
+                max_new_tokens=job.max_tokens,
+                params=job.params,
+                generator=generator,
+                stop_ids=stops,
+                drafter=drafter,
+                num_speculative_tokens=k if drafter is not None else 0,
+                tag=job,
+            )
+
+        return engine, new_sequence, target
+
+    def batch_len(target) -> int:
+        return opts.max_model_len or min(_position_limit(target), 2048)
+
     name = opts.model_name or Path(opts.target).name
     metrics = Metrics(name)
 
     def decode(ids: list[int]) -> str:
         return tok.decode(ids, skip_special_tokens=True)  # called by the worker, after `tok` is set
 
-    worker = Worker(build, decode, max_queue=opts.max_concurrency, metrics=metrics)
-    target = worker.engines[False].target
+    if opts.batch > 1:
+        worker = BatchWorker(build_batch, decode, max_queue=opts.max_concurrency, metrics=metrics)
+    else:
+        worker = Worker(build, decode, max_queue=opts.max_concurrency, metrics=metrics)
+    target = worker.target
     tok = target.tokenizer
-    max_len = opts.max_model_len or _position_limit(target)
+    max_len = (batch_len(target) if opts.batch > 1 else None) or opts.max_model_len or _position_limit(target)
     config = ServerConfig(
         model_name=name,
         max_model_len=max_len,

@@ -154,6 +154,10 @@ class Worker:
             self._thread.join()
             raise self._build_error
 
+    @property
+    def target(self):
+        return self.engines[False].target
+
     # ------------------------------------------------------------------ submit / stop
     def submit(self, job: Job) -> None:
         if not self.accepting:
@@ -255,3 +259,97 @@ class Worker:
             finish = "stop" if result.tokens and result.tokens[-1] in stops else "length"
         self.metrics.observe_request(job, result, time.monotonic() - started, started - job.enqueued_at, finish)
         job.emit(Finished(finish, result))
+
+
+class BatchWorker(Worker):
+    """Continuous batching: up to the engine's slots requests decode together, one target
+    forward per step for all of them (`dspark.decoding.batch.BatchedEngine`). A request joins
+    at the next step (one prefill) and leaves when it ends; stop strings, cancellation and
+    deadlines act per request after every step, as in `Worker`.
+
+    ``build`` returns ``(engine, new_sequence, target)``: a `BatchedEngine`, a function turning
+    a `Job` into its `Sequence` (its own drafter and generator), and the target."""
+
+    def _run(self, build) -> None:
+        try:
+            self.batch, self.new_sequence, self._target = build()
+        except BaseException as exc:  # noqa: BLE001 - handed to the constructor, which re-raises it
+            self._build_error = exc
+            return
+        finally:
+            self._ready.set()
+        self._running: dict = {}  # Sequence -> (job, StopStrings, started)
+        stops = self.target.stop_token_ids()
+        engine = self.batch
+        while True:
+            while engine.free_slots:
+                try:
+                    job = self.queue.get(block=not self._running)
+                except queue.Empty:
+                    break
+                if job is None:
+                    return
+                self.metrics.set("vllm:num_requests_waiting", self.queue.qsize())
+                if job.cancelled.is_set():
+                    continue
+                self.busy.set()
+                seq = None
+                try:
+                    seq = self.new_sequence(job)
+                    self._running[seq] = (job, StopStrings(self.decode, job.stop), time.monotonic())
+                    first = engine.add(seq)
+                except Exception as exc:  # noqa: BLE001 - one bad request must not stop the worker
+                    self._running.pop(seq, None)
+                    job.emit(Failed(f"{type(exc).__name__}: {exc}"))
+                    self.metrics.inc("dspark:request_errors_total")
+                    continue
+                self._deliver(seq, first, stops)
+            self.metrics.set("vllm:num_requests_running", len(engine.active))
+            if not engine.active:
+                self.busy.clear()
+                continue
+            try:
+                stepped = engine.step()
+            except Exception as exc:  # noqa: BLE001 - the batch is lost; its requests fail, the worker stays
+                for seq in list(engine.active):
+                    engine.cancel(seq)
+                for job, _text, _t in self._running.values():
+                    job.emit(Failed(f"{type(exc).__name__}: {exc}"))
+                    self.metrics.inc("dspark:request_errors_total")
+                self._running.clear()
+                continue
+            for seq, new in stepped:
+                self._deliver(seq, new, stops)
+
+    @property
+    def target(self):
+        return self._target
+
+    def _deliver(self, seq, new: list[int], stops: set[int]) -> None:
+        job, text, started = self._running[seq]
+        delta = text.push(new)
+        job.emit(Tokens(new, delta))
+        reason = None
+        if text.hit:
+            reason = "stop"
+        elif job.cancelled.is_set():
+            reason = "abort"
+        elif time.monotonic() > job.deadline:
+            reason = "timeout"
+        if reason is not None and not seq.finished:
+            self.batch.cancel(seq)
+        if not seq.finished:
+            return
+        del self._running[seq]
+        tail = text.flush()
+        if tail:
+            job.emit(Tokens([], tail))
+        if reason is None:
+            reason = "stop" if seq.tokens and seq.tokens[-1] in stops else "length"
+        result = seq.result()
+        self.metrics.observe_request(job, result, time.monotonic() - started, started - job.enqueued_at, reason)
+        job.emit(Finished(reason, result))
+
+    def _current_cancel(self) -> None:
+        for job, _text, _t in list(getattr(self, "_running", {}).values()):
+            job.cancelled.set()
