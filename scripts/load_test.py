@@ -1,8 +1,9 @@
 """A bounded load test of `dspark serve` on loopback; stops by itself.
 
 For each mode (`--modes`: DSpark at a fixed draft length, DSpark with the cost-model draft
-length, the same with prompt lookup first, plain decoding) it starts a server, then runs 64
-greedy chat requests at 1, 4 and 16 concurrent clients. The 1-client pass is the sequential
+length, the same with prompt lookup first, plain decoding; a ``-batch`` mode serves with
+continuous batching, ``--batch`` = the largest level) it starts a server, then runs 64
+greedy chat requests at 1, 4 and 16 (``--levels``) concurrent clients. The 1-client pass is the sequential
 reference; every output at 4 and 16 clients must equal it, and every mode's sequential
 outputs must equal plain decoding's. Reports errors, p50 / p95 latency and total tok/s per
 level, and writes JSON (with provenance) and markdown:
@@ -110,7 +111,8 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="dspark,dspark-cost,plain",
-        help="comma list of dspark, dspark-cost, dspark-cost-lookup (--prompt-lookup 3 too), plain",
+        help="comma list of dspark, dspark-cost, dspark-cost-lookup (--prompt-lookup 3 too), plain; each with "
+        "-batch for continuous batching",
     )
     parser.add_argument("--out", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.json"))
     parser.add_argument("--markdown", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.md"))
@@ -130,6 +132,8 @@ def main() -> None:
         "dspark-cost-lookup": (args.k, ["--cost-model", "auto", "--prompt-lookup", "3"]),
         "plain": (0, []),
     }
+    batch = ["--batch", str(max(args.levels))]
+    known.update({f"{name}-batch": (k, [*extra, *batch]) for name, (k, extra) in list(known.items())})
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in known]:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {sorted(known)}")
