@@ -95,6 +95,16 @@ def run_level(base: str, prompts: list[str], clients: int, max_tokens: int) -> t
     return results, time.perf_counter() - t0
 
 
+BATCH_COUNTERS = ("dspark:batch_steps_total", "dspark:batch_sequence_steps_total", "dspark:batch_draft_tokens_total")
+
+
+def counter(text: str, name: str) -> float:
+    """The sum of a Prometheus counter's samples."""
+    return sum(
+        float(line.rsplit(" ", 1)[-1]) for line in text.splitlines() if line.startswith((name + "{", name + " "))
+    )
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -144,7 +154,10 @@ def main() -> None:
         try:
             reference = None
             for clients in args.levels:
+                before = httpx.get(f"{base}/metrics", timeout=10).text
                 results, wall = run_level(base, prompts, clients, args.max_tokens)
+                after = httpx.get(f"{base}/metrics", timeout=10).text
+                batch = {n: counter(after, n) - counter(before, n) for n in BATCH_COUNTERS}
                 errors = [r["error"] for r in results if "error" in r]
                 ok = [r for r in results if "error" not in r]
                 if reference is None:
@@ -169,6 +182,10 @@ def main() -> None:
                     "tokens_per_second": tokens / wall,
                     "mean_accept_len": statistics.mean(r["accept_len"] for r in ok) if ok else None,
                 }
+                if batch["dspark:batch_steps_total"]:
+                    seq_steps = batch["dspark:batch_sequence_steps_total"]
+                    row["mean_batch_size"] = seq_steps / batch["dspark:batch_steps_total"]
+                    row["drafts_per_sequence_step"] = batch["dspark:batch_draft_tokens_total"] / seq_steps
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
         finally:
@@ -195,8 +212,8 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "| mode | clients | requests | errors | outputs == sequential | sequential == plain | p50 latency (s) "
-        "| p95 latency (s) | total tok/s | mean accept_len |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| p95 latency (s) | total tok/s | mean accept_len | mean batch | drafts / sequence-step |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
@@ -204,7 +221,10 @@ def main() -> None:
             f"{r['outputs_equal_to_sequential']}/{r['requests']} | "
             f"{r.get('sequential_equal_to_plain', '—')}/{r['requests']} | {r['p50_latency_s']:.2f} | "
             f"{r['p95_latency_s']:.2f} | "
-            f"{r['tokens_per_second']:.1f} | {r['mean_accept_len']:.2f} |"
+            f"{r['tokens_per_second']:.1f} | {r['mean_accept_len']:.2f} | "
+            f"{r['mean_batch_size']:.1f} | {r['drafts_per_sequence_step']:.2f} |"
+            if "mean_batch_size" in r
+            else f"{r['tokens_per_second']:.1f} | {r['mean_accept_len']:.2f} | | |"
         )
     Path(args.markdown).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -130,3 +130,44 @@ def test_a_drafter_reading_uncaptured_layers_is_refused(tiny_targets):
     seq = Sequence(prompt=[5, 6], max_new_tokens=4, drafter=DSparkDrafter(model, target_vocab_size=target.vocab_size))
     with pytest.raises(DSparkError, match="reads layers"):
         engine.add(seq)
+
+
+def test_load_aware_length_drafts_when_cheap_and_stops_under_load():
+    from dspark.decoding.batch import BatchStepCost, LoadAwareDraftLength
+
+    # One sequence: verifying 8 tokens costs what 1 does (weights read once). Sixteen: the
+    # forward is compute-bound, every token costs its share.
+    cost = BatchStepCost(
+        batches=(1, 16), widths=tuple(range(1, 9)), seconds=((0.03,) * 8, tuple(0.1 * w for w in range(1, 9)))
+    )
+    rule = LoadAwareDraftLength(cost, 7)
+    for _ in range(50):
+        rule.observe(7, 4)  # the first four drafts usually accepted
+    assert rule.pick(1) >= 4
+    assert rule.pick(16) == 0
+    assert cost.step_seconds(8, 1) == pytest.approx(0.03 + (0.1 - 0.03) * 7 / 15)
+
+
+def test_greedy_batch_with_the_load_aware_length_is_unchanged(tiny_targets):
+    from dspark.decoding.batch import LoadAwareDraftLength, measure_batch_cost
+
+    target = tiny_targets["qwen3"]
+    torch.manual_seed(0)
+    model = untrained_drafter(target)
+    aux = tuple(model.config.aux_hidden_state_layer_ids)
+    base = DSparkDrafter(model, target_vocab_size=target.vocab_size)
+    decoder = SlotDecoder(target.model, slots=4, max_len=96)
+    cost = measure_batch_cost(decoder, max_width=4, drafter=base, capture=aux, context=16, repeats=1)
+    assert cost.batches == (1, 2, 4) and len(cost.seconds[0]) == 4 and cost.draft_seconds > 0
+    rule = LoadAwareDraftLength(cost, 3)
+    engine = BatchedEngine(decoder, capture=aux, draft_length=rule)
+    tok = target.tokenizer
+    seqs = [
+        Sequence(prompt=tok(p)["input_ids"], max_new_tokens=20, drafter=fork_drafter(base), num_speculative_tokens=3)
+        for p in PROMPTS
+    ]
+    engine.run(seqs)
+    for seq in seqs:
+        ref = SpeculativeEngine(target).generate(seq.prompt, max_new_tokens=20, stop_token_ids=set())
+        assert seq.tokens == ref.tokens
+    assert rule.chosen and all(0 <= k <= 3 for k in rule.chosen)

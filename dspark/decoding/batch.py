@@ -78,10 +78,14 @@ class Sequence:
 class BatchedEngine:
     """Continuous batching with speculative decoding over a `SlotDecoder` of ``slots`` rows."""
 
-    def __init__(self, decoder, capture: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, decoder, capture: tuple[int, ...] = (), draft_length: LoadAwareDraftLength | None = None
+    ) -> None:
         self.decoder = decoder
         self.capture = tuple(capture)  # the aux layers every drafter of this engine reads
         self.active: list[Sequence] = []  # sequence i lives in slot i
+        self.draft_length = draft_length  # None: each sequence drafts its num_speculative_tokens
+        self.last_step = (0, 0)
 
     @property
     def free_slots(self) -> int:
@@ -153,15 +157,20 @@ class BatchedEngine:
             return []
         proposals: list[Proposal] = []
         rows: list[list[int]] = []
+        drafting = [s for s in self.active if s.drafter is not None and s.num_speculative_tokens]
+        cap = self.draft_length.pick(len(self.active)) if self.draft_length is not None and drafting else None
         for seq in self.active:
             anchor = seq.tokens[-1]
             k = min(seq.num_speculative_tokens, seq.max_new_tokens - len(seq.tokens) - 1)
+            if cap is not None:
+                k = min(k, cap)
             if seq.drafter is not None and k > 0:
                 proposal = seq.drafter.propose(anchor, k, seq.params, seq.generator)
             else:
                 proposal = Proposal.empty()
             proposals.append(proposal)
             rows.append([anchor, *proposal.tokens.tolist()])
+        self.last_step = (len(self.active), sum(len(p) for p in proposals))  # (batch, drafts) for metrics
         lengths = self.decoder.lengths[: len(self.active)].clone()
         outputs = self.decoder.extend(rows, self.capture)
         emitted: list[tuple[Sequence, list[int]]] = []
@@ -183,6 +192,8 @@ class BatchedEngine:
             for j in range(min(len(drafts), a + 1)):
                 seq.attempts[j] += 1
                 seq.accepts[j] += int(j < a)
+            if self.draft_length is not None and len(drafts):
+                self.draft_length.observe(len(drafts), a)
             if seq.drafter is not None:
                 seq.drafter.accept(
                     torch.tensor(ids[: a + 1]), None if aux is None else self._columns(aux[: a + 1], seq)
@@ -217,3 +228,110 @@ class BatchedEngine:
                 if on_tokens:
                     on_tokens(seq, new)
         return sequences
+
+
+@dataclass(frozen=True)
+class BatchStepCost:
+    """Seconds of one batched step on this machine: ``seconds[(b, w)]`` for ``b`` sequences of
+    ``w`` tokens each (the anchor and ``w - 1`` drafts, rows padded to the longest), measured
+    by `measure_batch_cost`; drafting measured per sequence (``draft_seconds``: one proposal
+    of the most drafts)."""
+
+    batches: tuple[int, ...]
+    widths: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]  # [batch index][width index]
+    draft_seconds: float = 0.0
+
+    def step_seconds(self, b: int, w: int) -> float:
+        """Interpolated linearly in the batch size, at the nearest measured width at or above ``w``."""
+        wi = next((i for i, x in enumerate(self.widths) if x >= w), len(self.widths) - 1)
+        col = [row[wi] for row in self.seconds]
+        if b <= self.batches[0]:
+            return col[0] * b / self.batches[0]
+        for i in range(1, len(self.batches)):
+            b0, b1, t0, t1 = self.batches[i - 1], self.batches[i], col[i - 1], col[i]
+            if b <= b1:
+                return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
+        return col[-1] * b / self.batches[-1]
+
+
+@torch.inference_mode()
+def measure_batch_cost(
+    decoder, *, max_width: int, drafter=None, capture: tuple[int, ...] = (), context: int = 64, repeats: int = 3
+) -> BatchStepCost:
+    """Time `SlotDecoder.extend` for batch sizes 1, 2, 4, ... up to the decoder's slots and
+    widths 1 .. ``max_width`` over ``context`` cached tokens, and one proposal of ``drafter``
+    (its aux layers ``capture``); the slots are scratch: call it before serving. The median of
+    ``repeats`` runs each."""
+    import statistics
+
+    batches = sorted({min(decoder.slots, 2**i) for i in range(decoder.slots.bit_length() + 1)})
+    widths = tuple(range(1, max_width + 1))
+    prompt = [1 + (i % 7) for i in range(context)]
+    for slot in range(decoder.slots):
+        decoder.prefill(slot, prompt)
+    table = []
+    for b in batches:
+        row = []
+        for w in widths:
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                decoder.extend([[2] * w for _ in range(b)])
+                times.append(time.perf_counter() - t0)
+                for slot in range(b):
+                    decoder.set_length(slot, context)
+            row.append(statistics.median(times))
+        table.append(tuple(row))
+    draft_seconds = 0.0
+    if drafter is not None:
+        from dspark.decoding.drafters import fork_drafter
+        from dspark.decoding.sampling import SamplingParams
+
+        probe = fork_drafter(drafter)
+        logits, aux = decoder.prefill(0, prompt, capture)
+        probe.begin(torch.tensor(prompt), aux if probe.aux_layer_ids else None)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            probe.propose(int(logits.argmax()), max_width - 1, SamplingParams(), None)
+            times.append(time.perf_counter() - t0)
+        draft_seconds = statistics.median(times)
+    decoder.lengths.zero_()
+    return BatchStepCost(tuple(batches), widths, tuple(table), draft_seconds)
+
+
+class LoadAwareDraftLength:
+    """One draft length per step for the whole batch, from the measured step cost and the
+    acceptance this server has seen: ``k`` maximising ``b · E(k) / (T(b, k + 1) + b · d(k))``
+    tokens per second, where ``E(k) = 1 + a_1 + a_1 a_2 + ...`` from running per-position
+    acceptance rates ``a_j`` (exponentially weighted; optimistic 0.5 before any data) and
+    ``d`` the drafting time per sequence. ``k = 0`` (a plain step) is a choice: under load a
+    full batch of drafts can cost more than it brings. The rule looks only at past steps, so
+    verification and its guarantees are untouched."""
+
+    def __init__(self, cost: BatchStepCost, max_drafts: int, *, decay: float = 0.98) -> None:
+        self.cost, self.max_drafts, self.decay = cost, min(max_drafts, cost.widths[-1] - 1), decay
+        self.attempts = [1.0] * self.max_drafts  # prior: one attempt, half accepted
+        self.accepts = [0.5] * self.max_drafts
+        self.chosen: list[int] = []  # the length picked at each step (for reports)
+
+    def pick(self, b: int) -> int:
+        best, best_rate = 0, 0.0
+        expected, survival = 1.0, 1.0
+        for k in range(self.max_drafts + 1):
+            if k:
+                survival *= self.accepts[k - 1] / self.attempts[k - 1]
+                expected += survival
+            draft = self.cost.draft_seconds * k / max(1, self.max_drafts)
+            rate = b * expected / (self.cost.step_seconds(b, k + 1) + b * draft)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        self.chosen.append(best)
+        return best
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One sequence's step: ``drafted`` drafts verified, the first ``accepted`` accepted."""
+        for j in range(min(drafted, accepted + 1)):
+            self.attempts[j] = self.decay * self.attempts[j] + 1
+            self.accepts[j] = self.decay * self.accepts[j] + (1.0 if j < accepted else 0.0)

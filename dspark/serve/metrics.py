@@ -29,6 +29,9 @@ _HELP = {
     "dspark:requests_rejected": "Requests refused with 429 because the queue was full.",
     "dspark:request_errors": "Requests that failed inside the engine.",
     "dspark:spec_decode_lookup_steps": "Verification steps drafted by prompt lookup (--prompt-lookup).",
+    "dspark:batch_steps": "Batched target forwards (--batch).",
+    "dspark:batch_sequence_steps": "Sequences advanced, summed over batched forwards (batch size = this / steps).",
+    "dspark:batch_draft_tokens": "Draft tokens verified in batched forwards (per sequence-step: / sequence steps).",
 }
 
 

@@ -46,6 +46,11 @@ def build_app(opts: ServeOptions):
         raise DSparkError(f"--max-concurrency must be >= 1, got {opts.max_concurrency}")
     if opts.batch < 1:
         raise DSparkError(f"--batch must be >= 1, got {opts.batch}")
+    if opts.batch > 1 and opts.drafting.cost_model not in (None, "auto"):
+        raise DSparkError(
+            "--batch measures its own step cost at start-up (T(batch, tokens)); use --cost-model auto, not a saved "
+            "one-sequence cost model"
+        )
     if opts.request_timeout <= 0:
         raise DSparkError(f"--request-timeout must be > 0, got {opts.request_timeout}")
     speculative = opts.num_speculative_tokens > 0
@@ -81,7 +86,7 @@ def build_app(opts: ServeOptions):
     def build_batch():
         # Runs on the worker thread. The slot cache is preallocated: --max-model-len positions
         # (default 2048) per slot, plus room for one verification block.
-        from dspark.decoding.batch import BatchedEngine, Sequence
+        from dspark.decoding.batch import BatchedEngine, LoadAwareDraftLength, Sequence, measure_batch_cost
         from dspark.decoding.drafters import fork_drafter
         from dspark.target.slots import SlotDecoder
 
@@ -93,8 +98,14 @@ def build_app(opts: ServeOptions):
             raise DSparkError(f"--max-model-len {opts.max_model_len} exceeds the target's {limit} positions")
         decoder = SlotDecoder(target.model, slots=opts.batch, max_len=batch_len(target) + k + 1)
         decoder.check()  # refuses an architecture the slot decoder does not reproduce
-        base = drafting.build(target) if speculative else None
-        engine = BatchedEngine(decoder, capture=tuple(base.aux_layer_ids) if base is not None else ())
+        # The batch's own draft-length rule replaces the one-sequence cost model.
+        base = replace(drafting, cost_model=None).build(target) if speculative else None
+        capture = tuple(base.aux_layer_ids) if base is not None else ()
+        rule = None
+        if speculative and drafting.cost_model is not None:
+            cost = measure_batch_cost(decoder, max_width=k + 1, drafter=base, capture=capture)
+            rule = LoadAwareDraftLength(cost, k)
+        engine = BatchedEngine(decoder, capture=capture, draft_length=rule)
         stops = target.stop_token_ids()
 
         def new_sequence(job) -> Sequence:

@@ -318,6 +318,10 @@ class BatchWorker(Worker):
                     self.metrics.inc("dspark:request_errors_total")
                 self._running.clear()
                 continue
+            size, drafts = engine.last_step
+            self.metrics.inc("dspark:batch_steps", 1)
+            self.metrics.inc("dspark:batch_sequence_steps", size)
+            self.metrics.inc("dspark:batch_draft_tokens", drafts)
             for seq, new in stepped:
                 self._deliver(seq, new, stops)
 
