@@ -236,6 +236,10 @@ def vllm_hidden_states_cmd(
     if proc is None:
         fail(f"vllm serve did not come up ({waited:.0f} s); {logfile}:\n{error_excerpt(logfile)}")
     typer.echo(f"vLLM hidden-state server at {base} (layers {sorted(set(layers))}; log {logfile}); Ctrl-C stops it")
+    import signal
+
+    # vLLM runs in its own process group: a SIGTERM to this command must stop it too.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         proc.wait()
     except KeyboardInterrupt:
