@@ -317,6 +317,12 @@ class LoadAwareDraftLength:
         self.chosen: list[int] = []  # the length picked at each step (for reports)
 
     def pick(self, b: int) -> int:
+        if self.chosen and self.chosen[-1] == 0:
+            # Nothing is observed while no one drafts: the estimates drift back toward the
+            # prior, so the rule tries drafting again after a while (and learns if it pays).
+            for j in range(self.max_drafts):
+                self.attempts[j] = self.decay * self.attempts[j] + (1 - self.decay) * 1.0
+                self.accepts[j] = self.decay * self.accepts[j] + (1 - self.decay) * 0.5
         best, best_rate = 0, 0.0
         expected, survival = 1.0, 1.0
         for k in range(self.max_drafts + 1):

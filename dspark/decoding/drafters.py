@@ -198,6 +198,7 @@ class DSparkDrafter:
         self._draft_to_target = model.draft_to_target
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._ctx_len = 0
+        self._pending: list[torch.Tensor] = []  # accepted rows not yet in the context cache
         # Cumulative wall time of drafting stages, for profiles (CPU timings; not synchronised on CUDA).
         self.timings = {"context": 0.0, "backbone": 0.0, "heads": 0.0}
 
@@ -241,13 +242,15 @@ class DSparkDrafter:
     def begin(self, prompt_ids: torch.Tensor, prompt_aux: torch.Tensor | None) -> None:
         if prompt_aux is None:
             raise ValueError("DSparkDrafter needs the target's aux hidden states")
-        self._kv, self._ctx_len = [], 0
+        self._kv, self._ctx_len, self._pending = [], 0, []
         self._extend(prompt_aux)
 
     def accept(self, token_ids: torch.Tensor, aux: torch.Tensor | None) -> None:
+        """Verified tokens' states join the context at the next drafting step (in one call):
+        steps that do not draft (a draft-length rule chose zero) cost nothing here."""
         if aux is None or aux.shape[0] != token_ids.shape[0]:
             raise ValueError("accept() needs one aux hidden row per accepted token")
-        self._extend(aux)
+        self._pending.append(aux)
 
     @torch.inference_mode()
     def propose(self, anchor: int, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
@@ -255,6 +258,9 @@ class DSparkDrafter:
         k = min(k, cfg.drafts_per_block)
         if k <= 0:
             return Proposal.empty(self.device)
+        if self._pending:
+            self._extend(torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0])
+            self._pending = []
         t0 = time.perf_counter()
         p = self._ctx_len  # the anchor's absolute position
         block = model.block_input_ids(torch.tensor([anchor], device=self.device))
