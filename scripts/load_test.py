@@ -105,6 +105,16 @@ def counter(text: str, name: str) -> float:
     )
 
 
+def table_row(r: dict) -> str:
+    batch = f" {r['mean_batch_size']:.1f} | {r['drafts_per_sequence_step']:.2f} |" if "mean_batch_size" in r else " | |"
+    return (
+        f"| {r['mode']} (k={r['num_speculative_tokens']}) | {r['clients']} | {r['requests']} | {r['errors']} | "
+        f"{r['outputs_equal_to_sequential']}/{r['requests']} | "
+        f"{r.get('sequential_equal_to_plain', '—')}/{r['requests']} | {r['p50_latency_s']:.2f} | "
+        f"{r['p95_latency_s']:.2f} | {r['tokens_per_second']:.1f} | {r['mean_accept_len']:.2f} |" + batch
+    )
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -215,17 +225,7 @@ def main() -> None:
         "| p95 latency (s) | total tok/s | mean accept_len | mean batch | drafts / sequence-step |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['mode']} (k={r['num_speculative_tokens']}) | {r['clients']} | {r['requests']} | {r['errors']} | "
-            f"{r['outputs_equal_to_sequential']}/{r['requests']} | "
-            f"{r.get('sequential_equal_to_plain', '—')}/{r['requests']} | {r['p50_latency_s']:.2f} | "
-            f"{r['p95_latency_s']:.2f} | "
-            f"{r['tokens_per_second']:.1f} | {r['mean_accept_len']:.2f} | "
-            f"{r['mean_batch_size']:.1f} | {r['drafts_per_sequence_step']:.2f} |"
-            if "mean_batch_size" in r
-            else f"{r['tokens_per_second']:.1f} | {r['mean_accept_len']:.2f} | | |"
-        )
+    lines += [table_row(r) for r in rows]
     Path(args.markdown).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     sys.exit(1 if failures else 0)
