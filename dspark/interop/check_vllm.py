@@ -274,6 +274,10 @@ def report(result: dict) -> str:
             cause = cause or next((e for e in reversed(error) if "Error" in e), error[-1] if error else "")
             cause = cause.split("[type=")[0]
             lines.append(f"| {kind} | refused | {mine['vllm_style_accept_len']:.3f} | | | | `{cause.strip()[:200]}` |")
+    for kind, run in result["serving"].items():
+        if kind != "plain" and run.get("vllm_accept_len") is None and kind in result.get("handoffs", {}):
+            checks = "; ".join(result["handoffs"][kind]["checks"])
+            lines += ["", f"{kind}: what vLLM's loader reads from the export, checked by `dspark vllm-config`: {checks}."]
     plain = result["serving"].get("plain", {})
     if "identical_to_ours" in plain:
         lines += ["", f"vLLM plain decoding equals ours on {plain['identical_to_ours']}/{n} answers."]
