@@ -277,7 +277,7 @@ def report(result: dict) -> str:
     for kind, run in result["serving"].items():
         if kind != "plain" and run.get("vllm_accept_len") is None and kind in result.get("handoffs", {}):
             checks = "; ".join(result["handoffs"][kind]["checks"])
-            lines += ["", f"{kind}: what vLLM's loader reads from the export, checked by `dspark vllm-config`: {checks}."]
+            lines += ["", f"{kind}: the fields vLLM's loader reads, as `dspark vllm-config` checks them: {checks}."]
     plain = result["serving"].get("plain", {})
     if "identical_to_ours" in plain:
         lines += ["", f"vLLM plain decoding equals ours on {plain['identical_to_ours']}/{n} answers."]
