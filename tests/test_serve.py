@@ -257,10 +257,21 @@ def test_stop_strings_are_cut_and_never_leak():
     assert s.push([3]) + s.push([5]) + s.flush() == "STOx"
 
 
-def test_graceful_shutdown_finishes_the_request_in_flight(chat_target, draft):
-    # (this server also measures its step cost at start-up and picks draft lengths with it)
+@pytest.mark.parametrize("batch", ["1", "2"])
+def test_graceful_shutdown_finishes_the_request_in_flight(chat_target, draft, batch):
+    # (this server also measures its step cost at start-up and picks draft lengths with it;
+    # with --batch 2, the batch's step cost and the load-aware length)
     proc, base = start_server(
-        chat_target, draft, "--num-speculative-tokens", "3", "--shutdown-grace", "30", "--cost-model", "auto"
+        chat_target,
+        draft,
+        "--num-speculative-tokens",
+        "3",
+        "--shutdown-grace",
+        "30",
+        "--cost-model",
+        "auto",
+        "--batch",
+        batch,
     )
     result = {}
 

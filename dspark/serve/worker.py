@@ -287,7 +287,9 @@ class BatchWorker(Worker):
                     job = self.queue.get(block=not self._running)
                 except queue.Empty:
                     break
-                if job is None:
+                if job is None:  # shutdown: whatever still runs ends with an error event
+                    for running, _text, _t in self._running.values():
+                        running.emit(Failed("the server is shutting down"))
                     return
                 self.metrics.set("vllm:num_requests_waiting", self.queue.qsize())
                 if job.cancelled.is_set():
