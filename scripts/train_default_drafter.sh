@@ -8,7 +8,9 @@
 #   3. dspark cache-features: the target's features once for every drafter (the target in
 #      bf16, two worker processes)
 #   4. dspark train: recipes/smollm2-135m-{dspark,dflash,eagle3}.yaml side by side, one
-#      torch thread each (METHODS= picks some); same data, vocab, features and budget
+#      torch thread each (METHODS= picks some); same data, vocab, features and budget:
+#      EPOCHS (default 1) passes over the train export, one row per step (train.steps is
+#      set from the export's row count, so the recipes need no edit when the corpus grows)
 #   5. copy each final drafter to models/smollm2-135m-<method> (bf16, without the target's
 #      embedding) with TRAINING.json (budget, loss, teacher-forced accept_len on held-out rows)
 #   6. SCALING=1: the scaling curve (scripts/scaling_curve.sh)
@@ -34,10 +36,11 @@ echo "$rows" > "$C/corpus-rows"
 .venv/bin/dspark cache-features --data "$C/train.jsonl" --out "$C/features-bf16" --aux-layers 2,15,27 --seq-len 512 \
   --target-dtype bfloat16 --workers "${WORKERS:-2}"
 METHODS=${METHODS-dspark dflash eagle3}
+steps=$(( $(wc -l < "$C/train.jsonl") * ${EPOCHS:-1} ))
 pids=()
 for method in $METHODS; do
   OMP_NUM_THREADS=1 .venv/bin/dspark train --config "recipes/smollm2-135m-$method.yaml" --no-progress \
-    > "$C/train-$method.log" 2>&1 &
+    --set train.steps="$steps" > "$C/train-$method.log" 2>&1 &
   pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid"; done  # a failed run stops the script (its log says why)
