@@ -133,13 +133,16 @@ def magpie_prefix(tokenizer) -> list[int]:
     return with_marker[:n]
 
 
-def magpie_prompts(engine, count: int, *, min_chars: int = 16) -> list[str]:
+def magpie_prompts(engine, count: int, *, min_chars: int = 16, progress: bool = True) -> list[str]:
     """``count`` user turns the target writes itself from `magpie_prefix` (sampled: the engine
     must sample, each row with its own seed), cleaned, deduplicated, in the order made."""
+    from tqdm import tqdm
+
     tok = engine.target.tokenizer
     prefix = magpie_prefix(tok)
     out, seen = [], set()
-    for _, ids in sorted(engine.run([prefix] * count)):
+    made = list(tqdm(engine.run([prefix] * count), total=count, desc="magpie", unit="turn", disable=not progress))
+    for _, ids in sorted(made):
         text = tok.decode(ids, skip_special_tokens=True).strip()
         key = prompt_key(text)
         if len(text) >= min_chars and key not in seen:
