@@ -134,6 +134,8 @@ class BatchedEngine:
         """The slice of the captured states that ``seq``'s drafter reads, in its order."""
         if aux is None or seq.drafter is None or not seq.drafter.aux_layer_ids:
             return None
+        if tuple(seq.drafter.aux_layer_ids) == self.capture:  # the usual case: every drafter reads them all
+            return aux
         h = aux.shape[-1] // len(self.capture)
         return torch.cat(
             [aux[:, self.capture.index(i) * h : (self.capture.index(i) + 1) * h] for i in seq.drafter.aux_layer_ids], -1

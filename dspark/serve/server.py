@@ -67,7 +67,7 @@ def build_app(opts: ServeOptions):
         if drafting.method == "auto":
             drafting = replace(drafting, method=family)
 
-    def build():
+    def load_target():
         # Runs on the worker thread: every torch op of the server stays on one thread (Worker).
         target = TargetModel.from_pretrained(opts.target, device=opts.device, dtype=opts.dtype)
         if target.tokenizer is None:
@@ -75,6 +75,10 @@ def build_app(opts: ServeOptions):
         limit = _position_limit(target)
         if opts.max_model_len and opts.max_model_len > limit:
             raise DSparkError(f"--max-model-len {opts.max_model_len} exceeds the target's {limit} positions")
+        return target
+
+    def build():
+        target = load_target()
         drafter = drafting.build(target) if speculative else None
         return (
             make_engine(target, drafter, opts.num_speculative_tokens if speculative else 0),
@@ -90,12 +94,7 @@ def build_app(opts: ServeOptions):
         from dspark.decoding.drafters import fork_drafter
         from dspark.target.slots import SlotDecoder
 
-        target = TargetModel.from_pretrained(opts.target, device=opts.device, dtype=opts.dtype)
-        if target.tokenizer is None:
-            raise DSparkError(f"{opts.target}: the target has no tokenizer; a server needs one")
-        limit = _position_limit(target)
-        if opts.max_model_len and opts.max_model_len > limit:
-            raise DSparkError(f"--max-model-len {opts.max_model_len} exceeds the target's {limit} positions")
+        target = load_target()
         decoder = SlotDecoder(target.model, slots=opts.batch, max_len=batch_len(target) + k + 1)
         decoder.check()  # refuses an architecture the slot decoder does not reproduce
         # The batch's own draft-length rule replaces the one-sequence cost model.

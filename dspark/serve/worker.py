@@ -117,6 +117,18 @@ class StopStrings:
         return delta
 
 
+def cut_reason(job: Job, text: StopStrings) -> str | None:
+    """Why a request ends after this step's tokens (a stop string, the client gone, its
+    deadline), or None to go on."""
+    if text.hit:
+        return "stop"
+    if job.cancelled.is_set():
+        return "abort"
+    if time.monotonic() > job.deadline:
+        return "timeout"
+    return None
+
+
 class Worker:
     """Owns the engines; runs jobs one at a time from a bounded queue."""
 
@@ -230,18 +242,9 @@ class Worker:
 
         def on_tokens(new: list[int]) -> bool:
             emitted.extend(new)
-            delta = text.push(new)
-            job.emit(Tokens(new, delta))
-            if text.hit:
-                reason["value"] = "stop"
-                return True
-            if job.cancelled.is_set():
-                reason["value"] = "abort"
-                return True
-            if time.monotonic() > job.deadline:
-                reason["value"] = "timeout"
-                return True
-            return False
+            job.emit(Tokens(new, text.push(new)))
+            reason["value"] = cut_reason(job, text)
+            return reason["value"] is not None
 
         generator = None
         if job.seed is not None:
@@ -333,15 +336,8 @@ class BatchWorker(Worker):
 
     def _deliver(self, seq, new: list[int], stops: set[int]) -> None:
         job, text, started = self._running[seq]
-        delta = text.push(new)
-        job.emit(Tokens(new, delta))
-        reason = None
-        if text.hit:
-            reason = "stop"
-        elif job.cancelled.is_set():
-            reason = "abort"
-        elif time.monotonic() > job.deadline:
-            reason = "timeout"
+        job.emit(Tokens(new, text.push(new)))
+        reason = cut_reason(job, text)
         if reason is not None and not seq.finished:
             self.batch.cancel(seq)
         if not seq.finished:

@@ -145,37 +145,17 @@ class ServerEngine:
         stop_ids: set[int] | None = None,
         timeout: float = 600.0,
     ) -> None:
-        self.url = url.rstrip("/")
-        if self.url.endswith("/v1"):
-            self.url = self.url[: -len("/v1")]
+        from dspark.training.server_client import ServerClient
+
+        self.client = ServerClient(url, timeout=timeout)
+        self.url = self.client.url
         self.max_new_tokens, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
-        self.concurrency, self.timeout, self.stop_ids = concurrency, timeout, set(stop_ids or ())
-        self.model = model or self._served_model()
+        self.concurrency, self.stop_ids = concurrency, set(stop_ids or ())
+        self.model = model or self.client.served_model("; pass --model")
 
     @property
     def name(self) -> str:
         return f"server/{self.model}"
-
-    def _post(self, path: str, body: dict | None = None) -> dict:
-        import urllib.error
-        import urllib.request
-
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, headers={"content-type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            raise DSparkError(f"{self.url}{path}: HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
-            raise DSparkError(f"{self.url}{path}: no usable answer ({exc})") from None
-
-    def _served_model(self) -> str:
-        models = self._post("/v1/models").get("data") or []
-        if not models:
-            raise DSparkError(f"{self.url}/v1/models lists no model; pass --model")
-        return str(models[0]["id"])
 
     def answer(self, index: int, prompt: list[int]) -> list[int]:
         body = {
@@ -187,7 +167,7 @@ class ServerEngine:
             "seed": self.seed + index,
             "return_token_ids": True,
         }
-        choice = (self._post("/v1/completions", body).get("choices") or [{}])[0]
+        choice = (self.client.post("/v1/completions", body).get("choices") or [{}])[0]
         ids = choice.get("token_ids")
         if not isinstance(ids, list):
             raise DSparkError(

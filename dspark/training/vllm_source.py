@@ -17,7 +17,6 @@ teacher reads the normed state, so this source applies the target's final norm t
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -38,38 +37,20 @@ class VllmHiddenStates:
     and ``num_layers`` (the final state), no more, no less."""
 
     def __init__(self, url: str, target, aux_ids, *, model: str | None = None, timeout: float = 600.0) -> None:
-        self.url = url.rstrip("/").removesuffix("/v1")
-        self.target, self.aux_ids, self.timeout = target, tuple(int(i) for i in aux_ids), timeout
+        from dspark.training.server_client import ServerClient
+
+        self.client = ServerClient(url, timeout=timeout)
+        self.url, self.timeout = self.client.url, timeout
+        self.target, self.aux_ids = target, tuple(int(i) for i in aux_ids)
         self.layers = sorted(set(self.aux_ids) | {target.num_layers})
-        self.model = model or self._served_model()
-
-    def _post(self, path: str, body: dict | None = None) -> dict:
-        import urllib.error
-        import urllib.request
-
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, headers={"content-type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            raise DSparkError(f"{self.url}{path}: HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
-            raise DSparkError(f"{self.url}{path}: no usable answer ({exc})") from None
-
-    def _served_model(self) -> str:
-        models = self._post("/v1/models").get("data") or []
-        if not models:
-            raise DSparkError(f"{self.url}/v1/models lists no model")
-        return str(models[0]["id"])
+        self.model = model or self.client.served_model()
 
     def fetch(self, input_ids: list[int]) -> torch.Tensor:
         """[T, layers, H] for the T tokens of ``input_ids`` (the file is removed once read)."""
         from safetensors.torch import load_file
 
         body = {"model": self.model, "prompt": input_ids, "max_tokens": 1, "temperature": 0, "return_token_ids": True}
-        answer = self._post("/v1/completions", body)
+        answer = self.client.post("/v1/completions", body)
         path = (answer.get("kv_transfer_params") or {}).get("hidden_states_path")
         if not path:
             raise DSparkError(
