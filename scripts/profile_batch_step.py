@@ -43,7 +43,7 @@ def main() -> None:
     lengths = decoder.lengths.clone()
     times: dict[str, list[float]] = {"without_capture": [], "with_capture": []}
     for _ in range(args.repeats):
-        for mode in times:
+        for mode in ("without_capture", "with_capture"):
             t0 = time.perf_counter()
             decoder.extend([[5]] * args.slots, capture if mode == "with_capture" else ())
             times[mode].append(time.perf_counter() - t0)
