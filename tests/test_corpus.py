@@ -432,3 +432,23 @@ def test_ctrl_c_packs_the_answers_so_far_and_says_it_stopped(tiny_targets, tmp_p
         corpus, pool, engine, work=tmp_path / "w.jsonl", limit=None, shard_rows=10, meta=lambda: META, progress=False
     )
     assert done["stopped"] is False and corpus.rows == 4
+
+
+def test_merge_adds_only_new_prompts_and_refuses_another_tokenizer(tmp_path):
+    ours = Corpus.create(tmp_path / "ours", target="tiny", tokenizer_sha256="t")
+    ours.append([_row(i) for i in range(3)], **META)
+    part = Corpus.create(tmp_path / "part", target="tiny", tokenizer_sha256="t")
+    part.append([_row(i) for i in range(2, 7)], **META)  # row 2 is stored already
+    counts = ours.merge(part, shard_rows=2, **META)
+    assert counts == {"offered": 5, "added": 4, "already_stored": 1, "shards": 2}
+    assert sorted(r.source_index for r in ours.iter_rows()) == list(range(7)) and part.rows == 5
+    ours.verify()
+    other = Corpus.create(tmp_path / "other", target="big", tokenizer_sha256="u")
+    other.append([_row(9)], **META)
+    with pytest.raises(CorpusError, match="another tokenizer"):
+        ours.merge(other, shard_rows=10, **META)
+    with pytest.raises(CorpusError, match="into itself"):
+        ours.merge(Corpus(tmp_path / "ours"), shard_rows=10, **META)
+    (part.dir / part.shards[0]["file"]).write_bytes(b"damaged")
+    with pytest.raises(CorpusError, match="checksum"):
+        ours.merge(part, shard_rows=10, **META)

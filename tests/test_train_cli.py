@@ -195,6 +195,20 @@ def test_recipe_overrides(tmp_path):
         load_recipe(recipe, ["train.steps"])
     with pytest.raises(ConfigError, match="max_examples must be positive"):
         load_recipe(recipe, ["train.max_examples=0"])
+    # Where it trains, and the final drafter's dtype.
+    r = load_recipe(recipe, ["device=cuda:1", "train.save_dtype=bfloat16"])
+    assert r.device == "cuda:1" and r.train.save_dtype == "bfloat16" and load_recipe(recipe).device == "cpu"
+    with pytest.raises(ConfigError, match="device must be cpu, cuda, cuda:N or auto, got 'gpu'"):
+        load_recipe(recipe, ["device=gpu"])
+    with pytest.raises(ConfigError, match="save_dtype must be float32 or bfloat16"):
+        load_recipe(recipe, ["train.save_dtype=float16"])
+    if not torch.cuda.is_available():
+        from dspark.errors import DSparkError
+        from dspark.training.run import train_device
+
+        assert train_device("auto") == torch.device("cpu")
+        with pytest.raises(DSparkError, match="no CUDA device"):
+            train_device("cuda")
 
 
 def test_recipe_vllm_source_needs_a_url(tmp_path):

@@ -249,3 +249,39 @@ class Corpus:
         self.manifest["shards"].append(entry)
         atomic_write_text(self.dir / MANIFEST, json.dumps(self.manifest, indent=2) + "\n")
         return entry
+
+    # ------------------------------------------------------------------ merging
+    def merge(
+        self, other: Corpus, *, shard_rows: int, command: str, commit: str | None, created_utc: str
+    ) -> dict[str, int]:
+        """Append the rows of ``other`` whose prompts this corpus lacks, in new shards of at
+        most ``shard_rows`` (a corpus grown on another machine, e.g. a GPU round's). Both must
+        belong to the same tokenizer; ``other`` is verified first and left as it is."""
+        if other.dir.resolve() == self.dir.resolve():
+            raise CorpusError(f"{self.dir}: cannot merge a corpus into itself")
+        if other.manifest["tokenizer_sha256"] != self.manifest["tokenizer_sha256"]:
+            raise CorpusError(
+                f"{other.dir}: made with another tokenizer (target {other.manifest['target']}) than "
+                f"{self.dir} (target {self.manifest['target']}); its token ids do not fit"
+            )
+        other.verify()
+        seen = self.keys()
+        counts = {"offered": 0, "added": 0, "already_stored": 0, "shards": 0}
+        batch: list[Row] = []
+        for row in other.iter_rows():
+            counts["offered"] += 1
+            if row.prompt_key in seen:
+                counts["already_stored"] += 1
+                continue
+            seen.add(row.prompt_key)
+            batch.append(row)
+            if len(batch) == shard_rows:
+                self.append(batch, command=command, commit=commit, created_utc=created_utc)
+                counts["added"] += len(batch)
+                counts["shards"] += 1
+                batch = []
+        if batch:
+            self.append(batch, command=command, commit=commit, created_utc=created_utc)
+            counts["added"] += len(batch)
+            counts["shards"] += 1
+        return counts

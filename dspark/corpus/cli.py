@@ -161,11 +161,19 @@ def grow_cmd(
         str | None, typer.Option(help="OpenAI-compatible server (vLLM, dspark serve) that answers instead.")
     ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight with --server.")] = 64,
+    device: Annotated[
+        str, typer.Option(help="cpu, cuda or auto (in-process engine; recorded in the rows' engine).")
+    ] = "cpu",
+    exclude: Annotated[
+        list[Path] | None,
+        typer.Option(help="Another corpus whose prompts count as answered (repeatable): grow a part to merge later."),
+    ] = None,
 ) -> None:
     """Answer the pool's prompts not yet stored (greedy), in shards of --shard-rows; resumable."""
     import torch
 
     from dspark.bench.provenance import provenance, utc_now
+    from dspark.cli.app import device_name
     from dspark.corpus import Corpus
     from dspark.corpus.grow import grow, read_pool, tokenizer_checksum
     from dspark.defaults import public_target_name, resolve_target
@@ -182,6 +190,15 @@ def grow_cmd(
         store = Corpus.open_or_create(
             corpus, target=public_target_name(target_dir), tokenizer_sha256=tokenizer_checksum(target_dir)
         )
+        taken: set[str] = set()
+        for other in exclude or ():
+            part = Corpus(other)
+            if part.manifest["tokenizer_sha256"] != store.manifest["tokenizer_sha256"]:
+                raise DSparkError(f"--exclude {other}: made with another tokenizer than {corpus}")
+            taken |= part.keys()
+        dev = device_name(device)
+        if dev != "cpu" and (server or workers > 1):
+            raise DSparkError(f"--device {device} runs the engine in this process: drop --server / --workers")
         command = " ".join(["dspark", *sys.argv[1:]])
         commit = provenance()["commit"]
 
@@ -217,7 +234,7 @@ def grow_cmd(
             gen = Workers(str(target_dir), dtype, workers, threads or 1, engine, engine_kwargs)
             tok = AutoTokenizer.from_pretrained(str(target_dir))
         else:
-            tgt = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, dtype))
+            tgt = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, dtype), device=dev)
             gen = make_engine(engine, tgt, **engine_kwargs, log=lambda m: typer.echo(m, err=True))
             tok = None
         counts = grow(
@@ -230,12 +247,37 @@ def grow_cmd(
             meta=meta,
             tokenizer=tok,
             max_prompt_len=max_prompt_len,
+            exclude=taken,
         )
     except DSparkError as exc:
         _fail(str(exc))
     typer.echo(f"{counts}; {store.rows} rows, {store.tokens} tokens in {corpus}")
     if counts.get("stopped"):
         raise typer.Exit(143)  # stopped by a signal: a script running grow stops here too
+
+
+@app.command("merge")
+def merge_cmd(
+    corpus: Annotated[Path, typer.Argument(help="Corpus directory that receives the rows.")],
+    from_: Annotated[Path, typer.Option("--from", help="Corpus whose new rows are added (left as it is).")],
+    shard_rows: Annotated[int, typer.Option(min=1, help="Rows per new shard.")] = 1000,
+) -> None:
+    """Add the rows of another corpus (grown elsewhere, e.g. on a GPU) whose prompts CORPUS lacks."""
+    from dspark.bench.provenance import provenance, utc_now
+    from dspark.corpus import Corpus
+
+    try:
+        counts = Corpus(corpus).merge(
+            Corpus(from_),
+            shard_rows=shard_rows,
+            command=" ".join(["dspark", *sys.argv[1:]]),
+            commit=provenance()["commit"],
+            created_utc=utc_now(),
+        )
+    except DSparkError as exc:
+        _fail(str(exc))
+    store = Corpus(corpus)
+    typer.echo(f"{counts}; {store.rows} rows, {store.tokens} tokens in {corpus}")
 
 
 @app.command("status")

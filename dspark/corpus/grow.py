@@ -148,19 +148,21 @@ def grow(
     meta: Callable[[], dict],
     tokenizer=None,
     max_prompt_len: int | None = None,
+    exclude: set[str] | frozenset[str] = frozenset(),
     progress: bool = True,
     log=print,
 ) -> dict:
     """Answer up to ``limit`` new prompts of ``pool`` (all when None) with ``engine`` (in this
-    process) or `Workers`; returns counts. SIGTERM / Ctrl-C stop it cleanly: the answers so
-    far are packed first."""
+    process) or `Workers`; returns counts. Prompts whose key is in ``exclude`` (the rows of
+    another corpus) count as answered. SIGTERM / Ctrl-C stop it cleanly: the answers so far
+    are packed first."""
     from tqdm import tqdm
 
     work = Path(work)
     work.parent.mkdir(parents=True, exist_ok=True)
     pending = [r for r in read_rows_resumable(work) if "key" in r]
     stored = corpus.keys()
-    taken = stored | {r["key"] for r in pending}
+    taken = stored | {r["key"] for r in pending} | set(exclude)
     todo = [p for p in pool if prompt_key(p["prompt"]) not in taken]
     todo = todo[: limit if limit is not None else len(todo)]
     counts = {"stored_before": len(stored), "pending_before": len(pending), "answered": 0, "packed": 0}

@@ -66,7 +66,9 @@ class GenerateEngine:
 
     @property
     def name(self) -> str:
-        return f"dspark-{self.kind}/{str(self.target.dtype).removeprefix('torch.')}"
+        name = f"dspark-{self.kind}/{str(self.target.dtype).removeprefix('torch.')}"
+        device = torch.device(self.target.device).type
+        return name if device == "cpu" else f"{name}/{device}"  # greedy ties may break otherwise there
 
     @torch.inference_mode()
     def run(self, prompts: list[list[int]]) -> Iterator[tuple[int, list[int]]]:

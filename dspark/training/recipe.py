@@ -5,6 +5,7 @@ preset: kimi-k2.7-code      # optional: drafter architecture + train defaults
 target: /path/to/hf-target
 data: /path/to/train.jsonl   # rows {"input_ids", "loss_mask"} from `dspark datagen`
 out: runs/my-drafter
+device: cpu                  # cpu | cuda | cuda:N | auto: where the drafter (and an in-process target) runs
 source: online               # online (target in a worker process) | inprocess | offline (+ cache: DIR)
                              # | vllm (+ vllm: {url: URL}: a `dspark vllm-hidden-states` server) | ray
 drafter:                     # init options (or `path:` to continue from a drafter directory)
@@ -31,7 +32,7 @@ import yaml
 from dspark.errors import ConfigError
 from dspark.training.trainer import TrainConfig
 
-TOP_KEYS = {"preset", "target", "data", "out", "source", "cache", "ray", "vllm", "drafter", "train", "seed"}
+TOP_KEYS = {"preset", "target", "data", "out", "device", "source", "cache", "ray", "vllm", "drafter", "train", "seed"}
 RAY_KEYS = {"address", "num_workers", "num_cpus_per_worker", "in_flight"}
 VLLM_KEYS = {"url", "concurrency"}
 DRAFTER_KEYS = {"path", "method", "vocab"}  # and the init options of the families (`drafter_keys`)
@@ -44,6 +45,7 @@ class Recipe:
     data: Path
     out: Path
     source: str = "online"
+    device: str = "cpu"  # cpu, cuda, cuda:N or auto
     cache: Path | None = None  # feature cache directory for source: offline
     ray: dict = field(default_factory=dict)  # RaySource options for source: ray
     vllm: dict = field(default_factory=dict)  # VllmSource options for source: vllm (url, concurrency)
@@ -112,6 +114,9 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     source = raw.get("source", "online")
     if source not in SOURCES:
         raise ConfigError(f"{src}: source must be one of {SOURCES}, got {source!r}")
+    device = str(raw.get("device", "cpu"))
+    if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise ConfigError(f"{src}: device must be cpu, cuda, cuda:N or auto, got {device!r}")
     drafter = raw.get("drafter") or {}
     allowed = drafter_keys()
     bad = sorted(set(drafter) - allowed)
@@ -154,6 +159,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         data=(base / raw["data"]).resolve() if not Path(raw["data"]).is_absolute() else Path(raw["data"]),
         out=(base / raw["out"]).resolve() if not Path(raw["out"]).is_absolute() else Path(raw["out"]),
         source=source,
+        device=device,
         preset=raw.get("preset"),
         drafter=drafter,
         train=train,

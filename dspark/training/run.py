@@ -24,15 +24,31 @@ def _first(examples: list, limit: int | None, data) -> list:
     return examples[:limit] if limit else examples
 
 
+def train_device(name: str, rank: int = 0) -> torch.device:
+    """The recipe's device: ``auto`` is CUDA where there is one; under DDP on CUDA each rank
+    takes the GPU of its local rank."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DSparkError(f"device {name}: no CUDA device is available")
+        if name == "cuda":
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    return torch.device(name)
+
+
 def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | None = None) -> dict:
     from dspark.target import TargetModel
 
     rank, world = _dist_env()
+    device = train_device(recipe.device, rank)
     if world > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if device.type == "cuda" else "gloo"
         torch.distributed.init_process_group(backend)
-    target = TargetModel.from_pretrained(recipe.target)
-    model = build_model(recipe, target)
+    # The target runs here only for the in-process and vLLM sources (features, final norm);
+    # the others load their own copy where they compute.
+    target = TargetModel.from_pretrained(recipe.target, device=device if recipe.source == "inprocess" else "cpu")
+    model = build_model(recipe, target).to(device)
     if world > 1:  # every rank starts from rank 0's weights
         for t in model.state_dict().values():
             torch.distributed.broadcast(t, 0)
@@ -86,6 +102,7 @@ def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | Non
                     "source": recipe.source,
                     "preset": recipe.preset,
                     "drafter": recipe.drafter,
+                    "device": str(device),
                     "world_size": world,
                     "train": recipe.train.__dict__,
                 },

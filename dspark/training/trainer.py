@@ -54,6 +54,7 @@ class TrainConfig:
     autocast_bf16: bool = False
     max_examples: int | None = None  # train on the data's first N examples only (a size of a scaling curve)
     save_embeddings: bool = True  # False: the final drafter takes embed_tokens from the target
+    save_dtype: str = "float32"  # the final drafter's weights: float32 or bfloat16 (half the size)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -63,6 +64,8 @@ class TrainConfig:
                 raise ValueError(f"train.{name} must be positive, got {getattr(self, name)}")
         if self.max_examples is not None and self.max_examples <= 0:
             raise ValueError(f"train.max_examples must be positive, got {self.max_examples}")
+        if self.save_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"train.save_dtype must be float32 or bfloat16, got {self.save_dtype!r}")
         if self.lr <= 0 or self.warmup < 0:
             raise ValueError("train.lr must be > 0 and train.warmup >= 0")
 
@@ -264,5 +267,10 @@ class Trainer:
             self.source.close()
         self.model.eval()
         if self.rank == 0 and self.step >= cfg.steps:
-            save_drafter(self.model, self.out / "final", include_embeddings=self.cfg.save_embeddings)
+            save_drafter(
+                self.model,
+                self.out / "final",
+                include_embeddings=self.cfg.save_embeddings,
+                dtype=getattr(torch, self.cfg.save_dtype),
+            )
         return last
