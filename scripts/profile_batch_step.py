@@ -53,6 +53,7 @@ def main() -> None:
             {
                 "step_ms_by_batch_then_tokens_per_sequence_1_to_8": table,
                 "draft_ms": round(cost.draft_seconds * 1000, 1),
+                "draft_ms_by_batch_together": [round(t * 1000, 1) for t in cost.batch_draft_seconds],
                 "capture_ab_ms_median": {m: round(statistics.median(v) * 1000, 1) for m, v in times.items()},
                 "slots": args.slots,
                 "repeats": args.repeats,

@@ -146,6 +146,10 @@ def test_load_aware_length_drafts_when_cheap_and_stops_under_load():
     assert rule.pick(1) >= 4
     assert rule.pick(16) == 0
     assert cost.step_seconds(8, 1) == pytest.approx(0.03 + (0.1 - 0.03) * 7 / 15)
+    # Drafting: one after another (b times one sequence's), or together as measured.
+    assert BatchStepCost((1, 16), (1,), ((0.03,), (0.1,)), draft_seconds=0.01).draft_time(16) == pytest.approx(0.16)
+    together = BatchStepCost((1, 16), (1,), ((0.03,), (0.1,)), draft_seconds=0.01, batch_draft_seconds=(0.01, 0.025))
+    assert together.draft_time(16) == pytest.approx(0.025) and together.draft_time(32) == pytest.approx(0.05)
 
 
 def test_greedy_batch_with_the_load_aware_length_is_unchanged(tiny_targets):
@@ -159,6 +163,7 @@ def test_greedy_batch_with_the_load_aware_length_is_unchanged(tiny_targets):
     decoder = SlotDecoder(target.model, slots=4, max_len=96)
     cost = measure_batch_cost(decoder, max_width=4, drafter=base, capture=aux, context=16, repeats=1)
     assert cost.batches == (1, 2, 4) and len(cost.seconds[0]) == 4 and cost.draft_seconds > 0
+    assert len(cost.batch_draft_seconds) == 3 and cost.draft_time(3) > 0
     rule = LoadAwareDraftLength(cost, 3)
     engine = BatchedEngine(decoder, capture=aux, draft_length=rule)
     tok = target.tokenizer
@@ -171,3 +176,51 @@ def test_greedy_batch_with_the_load_aware_length_is_unchanged(tiny_targets):
         ref = SpeculativeEngine(target).generate(seq.prompt, max_new_tokens=20, stop_token_ids=set())
         assert seq.tokens == ref.tokens
     assert rule.chosen and all(0 <= k <= 3 for k in rule.chosen)
+
+
+@pytest.mark.parametrize("head", ["vanilla", "rnn"])
+def test_drafting_together_equals_drafting_alone(tiny_targets, head):
+    """`propose_batch`: several sequences' blocks in one forward (contexts of different
+    lengths, pending rows, mixed draft lengths, greedy and sampled rows) give each sequence
+    the drafts, distributions and confidences its own `propose` gives."""
+    from dspark.decoding.drafters import propose_batch
+    from dspark.decoding.sampling import SamplingParams
+
+    target = tiny_targets["qwen3"]
+    torch.manual_seed(1)
+    model = untrained_drafter(target, markov_head_type=head, num_layers=2)
+    aux_ids = tuple(model.config.aux_hidden_state_layer_ids)
+    base = DSparkDrafter(model, target_vocab_size=target.vocab_size)
+    lengths, pending, ks = [5, 11, 2, 8], [0, 3, 1, 0], [7, 3, 0, 5]
+    params = [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.95), SamplingParams(), SamplingParams(1.0)]
+    pairs = []
+    for i, (n, p) in enumerate(zip(lengths, pending, strict=True)):
+        ids = torch.randint(5, target.vocab_size, (n + p,), generator=torch.Generator().manual_seed(i))
+        target.reset()
+        states = target.forward(ids, capture=aux_ids).aux_hidden
+        pair = []
+        for _ in range(2):  # one drafter proposes alone, its twin in the batch
+            d = fork_drafter(base)
+            d.begin(ids[:n], states[:n])
+            if p:
+                d.accept(ids[n:], states[n:])
+            pair.append(d)
+        pairs.append(pair)
+    anchors = [7, 8, 9, 10]
+    alone = [
+        d.propose(a, k, prm, torch.Generator().manual_seed(50 + i))
+        for i, ((d, _), a, k, prm) in enumerate(zip(pairs, anchors, ks, params, strict=True))
+    ]
+    together = propose_batch(
+        [twin for _, twin in pairs], anchors, ks, params, [torch.Generator().manual_seed(50 + i) for i in range(4)]
+    )
+    for one, both, k in zip(alone, together, ks, strict=True):
+        assert both.tokens.tolist() == one.tokens.tolist() and len(both) == k
+        if one.probs is not None:
+            torch.testing.assert_close(both.probs, one.probs, rtol=1e-4, atol=1e-5)
+        if k:
+            torch.testing.assert_close(both.confidence, one.confidence, rtol=1e-4, atol=1e-5)
+    # Both drafters took their pending rows into the context the same way (none when k = 0).
+    for one, twin in pairs:
+        assert twin._ctx_len == one._ctx_len and len(twin._pending) == len(one._pending)
+        torch.testing.assert_close(twin._kv[0][0], one._kv[0][0], rtol=1e-4, atol=1e-5)

@@ -9,7 +9,8 @@ one-sequence engine (greedy, or rejection sampling with the sequence's own gener
 takes back each slot's rejected positions by setting its length. A sequence joins with one
 prefill (`add`) and leaves when it stops; the others keep their slots, so continuous
 batching is `add` between `step`s. Each sequence has its own drafter instance (drafter state
-is per sequence); the drafters draft one after another.
+is per sequence); DSpark/DFlash drafters of one model draft together in one block forward
+(`propose_batch`), others one after another.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark.decoding.drafters import Drafter, Proposal
+from dspark.decoding.drafters import Drafter, Proposal, batch_key, propose_batch
 from dspark.decoding.engine import GenerationResult
 from dspark.decoding.sampling import SamplingParams, probabilities
 from dspark.decoding.verify import verify_greedy, verify_sampling
@@ -157,21 +158,37 @@ class BatchedEngine:
         finished sequences have left the batch when it returns."""
         if not self.active:
             return []
-        proposals: list[Proposal] = []
         rows: list[list[int]] = []
         drafting = [s for s in self.active if s.drafter is not None and s.num_speculative_tokens]
         cap = self.draft_length.pick(len(self.active)) if self.draft_length is not None and drafting else None
-        for seq in self.active:
-            anchor = seq.tokens[-1]
+        ks = []
+        groups: dict[object, list[int]] = {}  # drafters that draft in one forward, by batch_key
+        for i, seq in enumerate(self.active):
             k = min(seq.num_speculative_tokens, seq.max_new_tokens - len(seq.tokens) - 1)
             if cap is not None:
                 k = min(k, cap)
-            if seq.drafter is not None and k > 0:
-                proposal = seq.drafter.propose(anchor, k, seq.params, seq.generator)
-            else:
-                proposal = Proposal.empty()
-            proposals.append(proposal)
-            rows.append([anchor, *proposal.tokens.tolist()])
+            ks.append(k if seq.drafter is not None else 0)
+            if ks[-1] > 0:
+                key = batch_key(seq.drafter)
+                groups.setdefault(("alone", i) if key is None else key, []).append(i)
+        proposals = [Proposal.empty() for _ in self.active]
+        for members in groups.values():
+            seqs = [self.active[i] for i in members]
+            if len(members) == 1:
+                seq = seqs[0]
+                proposals[members[0]] = seq.drafter.propose(seq.tokens[-1], ks[members[0]], seq.params, seq.generator)
+                continue
+            drafted = propose_batch(
+                [s.drafter for s in seqs],
+                [s.tokens[-1] for s in seqs],
+                [ks[i] for i in members],
+                [s.params for s in seqs],
+                [s.generator for s in seqs],
+            )
+            for i, proposal in zip(members, drafted, strict=True):
+                proposals[i] = proposal
+        for seq, proposal in zip(self.active, proposals, strict=True):
+            rows.append([seq.tokens[-1], *proposal.tokens.tolist()])
         self.last_step = (len(self.active), sum(len(p) for p in proposals))  # (batch, drafts) for metrics
         lengths = self.decoder.lengths[: len(self.active)].clone()
         outputs = self.decoder.extend(rows, self.capture)
@@ -236,25 +253,37 @@ class BatchedEngine:
 class BatchStepCost:
     """Seconds of one batched step on this machine: ``seconds[(b, w)]`` for ``b`` sequences of
     ``w`` tokens each (the anchor and ``w - 1`` drafts, rows padded to the longest), measured
-    by `measure_batch_cost`; drafting measured per sequence (``draft_seconds``: one proposal
-    of the most drafts)."""
+    by `measure_batch_cost`; drafting too: ``draft_seconds`` one sequence's proposal of the
+    most drafts, ``batch_draft_seconds`` [batch index] the proposals of ``b`` sequences that
+    draft together (`propose_batch`; empty: ``b`` times one sequence's)."""
 
     batches: tuple[int, ...]
     widths: tuple[int, ...]
     seconds: tuple[tuple[float, ...], ...]  # [batch index][width index]
     draft_seconds: float = 0.0
+    batch_draft_seconds: tuple[float, ...] = ()
+
+    def draft_time(self, b: int) -> float:
+        """Seconds for ``b`` sequences to propose the most drafts (interpolated in ``b``)."""
+        if not self.batch_draft_seconds:
+            return b * self.draft_seconds
+        return _interpolate(self.batches, self.batch_draft_seconds, b)
 
     def step_seconds(self, b: int, w: int) -> float:
         """Interpolated linearly in the batch size, at the nearest measured width at or above ``w``."""
         wi = next((i for i, x in enumerate(self.widths) if x >= w), len(self.widths) - 1)
-        col = [row[wi] for row in self.seconds]
-        if b <= self.batches[0]:
-            return col[0] * b / self.batches[0]
-        for i in range(1, len(self.batches)):
-            b0, b1, t0, t1 = self.batches[i - 1], self.batches[i], col[i - 1], col[i]
-            if b <= b1:
-                return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
-        return col[-1] * b / self.batches[-1]
+        return _interpolate(self.batches, [row[wi] for row in self.seconds], b)
+
+
+def _interpolate(batches: tuple[int, ...], values, b: int) -> float:
+    """``values`` measured at ``batches``, linear in between, proportional outside."""
+    if b <= batches[0]:
+        return values[0] * b / batches[0]
+    for i in range(1, len(batches)):
+        b0, b1, t0, t1 = batches[i - 1], batches[i], values[i - 1], values[i]
+        if b <= b1:
+            return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
+    return values[-1] * b / batches[-1]
 
 
 @torch.inference_mode()
@@ -285,30 +314,43 @@ def measure_batch_cost(
                     decoder.set_length(slot, context)
             row.append(statistics.median(times))
         table.append(tuple(row))
-    draft_seconds = 0.0
+    draft_seconds, batch_draft = 0.0, ()
     if drafter is not None:
         from dspark.decoding.drafters import fork_drafter
         from dspark.decoding.sampling import SamplingParams
 
-        probe = fork_drafter(drafter)
         logits, aux = decoder.prefill(0, prompt, capture)
-        probe.begin(torch.tensor(prompt), aux if probe.aux_layer_ids else None)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            probe.propose(int(logits.argmax()), max_width - 1, SamplingParams(), None)
-            times.append(time.perf_counter() - t0)
-        draft_seconds = statistics.median(times)
+        probes = [fork_drafter(drafter) for _ in range(batches[-1])]
+        for probe in probes:
+            probe.begin(torch.tensor(prompt), aux if probe.aux_layer_ids else None)
+        anchor, params = int(logits.argmax()), SamplingParams()
+
+        def timed(run) -> float:
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times)
+
+        draft_seconds = timed(lambda: probes[0].propose(anchor, max_width - 1, params, None))
+        if batch_key(drafter) is not None:  # these draft together in the engine
+
+            def together(b: int) -> None:
+                propose_batch(probes[:b], [anchor] * b, [max_width - 1] * b, [params] * b, [None] * b)
+
+            batch_draft = tuple(draft_seconds if b == 1 else timed(lambda b=b: together(b)) for b in batches)
     decoder.lengths.zero_()
-    return BatchStepCost(tuple(batches), widths, tuple(table), draft_seconds)
+    return BatchStepCost(tuple(batches), widths, tuple(table), draft_seconds, batch_draft)
 
 
 class LoadAwareDraftLength:
     """One draft length per step for the whole batch, from the measured step cost and the
-    acceptance this server has seen: ``k`` maximising ``b · E(k) / (T(b, k + 1) + b · d(k))``
+    acceptance this server has seen: ``k`` maximising ``b · E(k) / (T(b, k + 1) + D(b, k))``
     tokens per second, where ``E(k) = 1 + a_1 + a_1 a_2 + ...`` from running per-position
     acceptance rates ``a_j`` (exponentially weighted; optimistic 0.5 before any data) and
-    ``d`` the drafting time per sequence. ``k = 0`` (a plain step) is a choice: under load a
+    ``D(b, k)`` the drafting time of the batch (``b`` sequences drafting together where the
+    drafter allows, else one after another). ``k = 0`` (a plain step) is a choice: under load a
     full batch of drafts can cost more than it brings. The rule looks only at past steps, so
     verification and its guarantees are untouched."""
 
@@ -331,8 +373,8 @@ class LoadAwareDraftLength:
             if k:
                 survival *= self.accepts[k - 1] / self.attempts[k - 1]
                 expected += survival
-            draft = self.cost.draft_seconds * k / max(1, self.max_drafts)
-            rate = b * expected / (self.cost.step_seconds(b, k + 1) + b * draft)
+            draft = self.cost.draft_time(b) * k / max(1, self.max_drafts)
+            rate = b * expected / (self.cost.step_seconds(b, k + 1) + draft)
             if rate > best_rate:
                 best, best_rate = k, rate
         self.chosen.append(best)

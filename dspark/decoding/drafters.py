@@ -317,6 +317,133 @@ class DSparkDrafter:
         return Proposal(tokens=out, probs=probs, confidence=confidence)
 
 
+def batch_key(drafter) -> object | None:
+    """Drafters with equal keys draft together in one block forward (`propose_batch`): DSpark
+    and DFlash drafters of one model whose draft length no per-sequence rule cuts short
+    (a batch's length comes from its own rule). None: the drafter drafts alone."""
+    if type(drafter) is DSparkDrafter and drafter.confidence_threshold is None and drafter.step_cost is None:
+        return id(drafter.model)
+    return None
+
+
+@torch.inference_mode()
+def propose_batch(
+    drafters: list[DSparkDrafter],
+    anchors: list[int],
+    ks: list[int],
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> list[Proposal]:
+    """`DSparkDrafter.propose` for several sequences of one model at once: their pending
+    context rows in one projection, their blocks in one backbone forward (each over its own
+    context, padded and masked, at its own positions), the heads a slot at a time for all.
+    Each sequence keeps its own length, sampling parameters and generator; the drafts equal
+    its `propose`'s up to float rounding."""
+    lead = drafters[0]
+    model, cfg, device = lead.model, lead.config, lead.device
+    ks = [max(0, min(k, cfg.drafts_per_block)) for k in ks]
+    live = [i for i, k in enumerate(ks) if k]
+    if len(live) < len(ks):  # a sequence drafting nothing does no work (as `propose` with k = 0)
+        out = [Proposal.empty(device) for _ in ks]
+        if live:
+            drafted = propose_batch(
+                [drafters[i] for i in live],
+                [anchors[i] for i in live],
+                [ks[i] for i in live],
+                [params[i] for i in live],
+                [generators[i] for i in live],
+            )
+            for i, proposal in zip(live, drafted, strict=True):
+                out[i] = proposal
+        return out
+    t0 = time.perf_counter()
+    waiting = [(d, torch.cat(d._pending) if len(d._pending) > 1 else d._pending[0]) for d in drafters if d._pending]
+    if waiting:
+        rows = torch.cat([a for _, a in waiting]).to(device)
+        positions = torch.cat([torch.arange(d._ctx_len, d._ctx_len + a.shape[0], device=device) for d, a in waiting])
+        new = model.context_kv(model.project_context(rows[None]), positions)
+        start = 0
+        for d, a in waiting:
+            n = a.shape[0]
+            piece = [(k[:, :, start : start + n], v[:, :, start : start + n]) for k, v in new]
+            d._kv = [
+                (torch.cat([k0, k1], dim=2), torch.cat([v0, v1], dim=2))
+                for (k0, v0), (k1, v1) in zip(d._kv, piece, strict=True)
+            ]
+            d._ctx_len += n
+            d._pending = []
+            start += n
+    t1 = time.perf_counter()
+    b, n = len(drafters), cfg.block_size
+    lengths = [d._ctx_len for d in drafters]
+    span = max(lengths)
+    ctx_kv = []
+    for layer in range(len(model.layers)):
+        k0, v0 = lead._kv[layer]
+        keys = k0.new_zeros((b, k0.shape[1], span, k0.shape[3]))
+        values = v0.new_zeros((b, v0.shape[1], span, v0.shape[3]))
+        for i, (d, length) in enumerate(zip(drafters, lengths, strict=True)):
+            keys[i, :, :length] = d._kv[layer][0][0]
+            values[i, :, :length] = d._kv[layer][1][0]
+        ctx_kv.append((keys, values))
+    mask = torch.ones(b, 1, n, span + n, dtype=torch.bool, device=device)
+    for i, length in enumerate(lengths):
+        mask[i, :, :, length:span] = False  # padding after a shorter context
+    positions = torch.tensor(lengths, device=device)[:, None] + torch.arange(n, device=device)[None]
+    block = model.block_input_ids(torch.tensor(anchors, device=device))
+    hidden = model.backbone(block, positions, ctx_kv, mask)  # [b, N, H]
+    first = 0 if cfg.sample_from_anchor else 1
+    kmax = max(ks)
+    slot_hidden = hidden[:, first : first + kmax]
+    base = model.base_logits(slot_hidden)  # [b, kmax, V_d] fp32
+    t2 = time.perf_counter()
+    tokens: list[list[int]] = [[] for _ in drafters]
+    draft_rows: list[list[torch.Tensor]] = [[] for _ in drafters]
+    conf: list[list[torch.Tensor]] = [[] for _ in drafters]
+    prev = torch.tensor(anchors, device=device)
+    state = None
+    for j in range(kmax):
+        prev_emb = model.prev_embedding(prev)
+        logits = base[:, j]
+        if model.markov_head is not None:
+            bias, state = model.markov_head.step(prev_emb, slot_hidden[:, j], state)
+            logits = logits + bias.float()
+        c = None
+        if model.confidence_head is not None:
+            c = torch.sigmoid(model.confidence_logit(slot_hidden[:, j], prev_emb))
+        greedy = logits.argmax(-1).tolist()
+        nxt = prev.tolist()
+        for i in range(b):
+            if j >= ks[i]:
+                continue
+            if params[i].greedy:
+                draft_id = greedy[i]
+            else:
+                q = probabilities(logits[i], params[i])
+                draft_id = int(torch.multinomial(q, 1, generator=generators[i]).item())
+                draft_rows[i].append(q)
+            nxt[i] = int(lead._draft_to_target[draft_id])
+            tokens[i].append(nxt[i])
+            if c is not None:
+                conf[i].append(c[i])
+        prev = torch.tensor(nxt, device=device)
+    out = []
+    for i, d in enumerate(drafters):
+        probs = None
+        if not params[i].greedy:
+            probs = torch.zeros(len(tokens[i]), d.target_vocab_size, device=device)
+            if tokens[i]:
+                probs[:, d._draft_to_target] = torch.stack(draft_rows[i])
+        confidence = torch.stack(conf[i]) if conf[i] else None
+        out.append(Proposal(torch.tensor(tokens[i], dtype=torch.long, device=device), probs, confidence))
+    t3 = time.perf_counter()
+    for d in drafters:  # the batch's time, shared out
+        d.timings["context"] += (t1 - t0) / b
+        d.timings["backbone"] += (t2 - t1) / b
+        d.timings["heads"] += (t3 - t2) / b
+    return out
+
+
 class Eagle3Drafter:
     """Chain drafting with an EAGLE-3 model: one layer forward per drafted token.
 

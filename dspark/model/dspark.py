@@ -40,15 +40,19 @@ class RMSNorm(nn.Module):
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 RoPE tables for absolute ``positions`` [N] -> cos, sin [N, head_dim]."""
+    """fp32 RoPE tables for absolute ``positions`` [N] (or [b, N]: a block per sequence) ->
+    cos, sin [N, head_dim] (or [b, N, head_dim])."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
+    freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [b, heads, N, d] by the tables [N, d] (HF rotate-half layout), in fp32."""
+    """Rotate ``x`` [b, heads, N, d] by the tables [N, d] or [b, N, d] (HF rotate-half
+    layout), in fp32."""
+    if cos.dim() == 3:  # one table per sequence: broadcast over the heads
+        cos, sin = cos[:, None], sin[:, None]
     dtype = x.dtype
     x32 = x.float()
     half = x32.shape[-1] // 2
@@ -247,9 +251,9 @@ class DSparkDraftModel(TargetTiedVocab, nn.Module):
     def backbone(
         self,
         block_ids: torch.Tensor,  # [b, N] target ids (anchor + mask tokens per block)
-        positions: torch.Tensor,  # [N]
+        positions: torch.Tensor,  # [N], or [b, N] when each row has its own anchor position
         ctx_kv: list[tuple[torch.Tensor, torch.Tensor]],
-        attn_mask: torch.Tensor | None = None,  # [N, T + N] bool
+        attn_mask: torch.Tensor | None = None,  # [N, T + N] (or [b, 1, N, T + N]) bool
     ) -> torch.Tensor:
         """Final-normed backbone hidden states of the block slots, [b, N, H]."""
         x = self.embed_tokens(block_ids).to(self.fc.weight.dtype)
