@@ -80,9 +80,15 @@ class BatchedEngine:
     """Continuous batching with speculative decoding over a `SlotDecoder` of ``slots`` rows."""
 
     def __init__(
-        self, decoder, capture: tuple[int, ...] = (), draft_length: LoadAwareDraftLength | None = None
+        self,
+        decoder,
+        capture: tuple[int, ...] = (),
+        draft_length: LoadAwareDraftLength | None = None,
+        *,
+        draft_together: bool = True,
     ) -> None:
         self.decoder = decoder
+        self.draft_together = draft_together  # False: every drafter proposes alone (for A/B runs)
         self.capture = tuple(capture)  # the aux layers every drafter of this engine reads
         self.active: list[Sequence] = []  # sequence i lives in slot i
         self.draft_length = draft_length  # None: each sequence drafts its num_speculative_tokens
@@ -169,7 +175,7 @@ class BatchedEngine:
                 k = min(k, cap)
             ks.append(k if seq.drafter is not None else 0)
             if ks[-1] > 0:
-                key = batch_key(seq.drafter)
+                key = batch_key(seq.drafter) if self.draft_together else None
                 groups.setdefault(("alone", i) if key is None else key, []).append(i)
         proposals = [Proposal.empty() for _ in self.active]
         for members in groups.values():
