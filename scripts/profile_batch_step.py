@@ -3,7 +3,8 @@
     .venv/bin/python scripts/profile_batch_step.py [--slots 16] [--repeats 30]
 
 1. The batch cost table `dspark serve --batch N --cost-model auto` measures at start-up
-   (`measure_batch_cost`: T(batch, tokens per sequence), plus one DSpark proposal).
+   (`measure_batch_cost`: whole engine steps of DSpark sequences, T(batch, tokens per
+   sequence), drafting and capture included; plus one DSpark proposal alone).
 2. The aux-layer capture a batch of drafters needs: ``slots`` sequences x 1 token over ~150
    cached tokens, with and without capturing layers 2, 15, 27, alternating ``repeats`` times.
 Embedded target, fp32, 2 torch threads. Prints JSON.
@@ -53,7 +54,6 @@ def main() -> None:
             {
                 "step_ms_by_batch_then_tokens_per_sequence_1_to_8": table,
                 "draft_ms": round(cost.draft_seconds * 1000, 1),
-                "draft_ms_by_batch_together": [round(t * 1000, 1) for t in cost.batch_draft_seconds],
                 "capture_ab_ms_median": {m: round(statistics.median(v) * 1000, 1) for m, v in times.items()},
                 "slots": args.slots,
                 "repeats": args.repeats,

@@ -146,10 +146,10 @@ def test_load_aware_length_drafts_when_cheap_and_stops_under_load():
     assert rule.pick(1) >= 4
     assert rule.pick(16) == 0
     assert cost.step_seconds(8, 1) == pytest.approx(0.03 + (0.1 - 0.03) * 7 / 15)
-    # Drafting: one after another (b times one sequence's), or together as measured.
-    assert BatchStepCost((1, 16), (1,), ((0.03,), (0.1,)), draft_seconds=0.01).draft_time(16) == pytest.approx(0.16)
-    together = BatchStepCost((1, 16), (1,), ((0.03,), (0.1,)), draft_seconds=0.01, batch_draft_seconds=(0.01, 0.025))
-    assert together.draft_time(16) == pytest.approx(0.025) and together.draft_time(32) == pytest.approx(0.05)
+
+
+def engine_left_behind(decoder) -> bool:
+    return bool(decoder.lengths.any())
 
 
 def test_greedy_batch_with_the_load_aware_length_is_unchanged(tiny_targets):
@@ -163,7 +163,9 @@ def test_greedy_batch_with_the_load_aware_length_is_unchanged(tiny_targets):
     decoder = SlotDecoder(target.model, slots=4, max_len=96)
     cost = measure_batch_cost(decoder, max_width=4, drafter=base, capture=aux, context=16, repeats=1)
     assert cost.batches == (1, 2, 4) and len(cost.seconds[0]) == 4 and cost.draft_seconds > 0
-    assert len(cost.batch_draft_seconds) == 3 and cost.draft_time(3) > 0
+    assert not engine_left_behind(decoder) and all(t > 0 for row in cost.seconds for t in row)
+    with pytest.raises(DSparkError, match="too short to measure"):
+        measure_batch_cost(SlotDecoder(target.model, slots=2, max_len=24), max_width=4, drafter=base, capture=aux)
     rule = LoadAwareDraftLength(cost, 3)
     engine = BatchedEngine(decoder, capture=aux, draft_length=rule)
     tok = target.tokenizer

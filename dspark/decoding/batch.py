@@ -257,108 +257,129 @@ class BatchedEngine:
 
 @dataclass(frozen=True)
 class BatchStepCost:
-    """Seconds of one batched step on this machine: ``seconds[(b, w)]`` for ``b`` sequences of
-    ``w`` tokens each (the anchor and ``w - 1`` drafts, rows padded to the longest), measured
-    by `measure_batch_cost`; drafting too: ``draft_seconds`` one sequence's proposal of the
-    most drafts, ``batch_draft_seconds`` [batch index] the proposals of ``b`` sequences that
-    draft together (`propose_batch`; empty: ``b`` times one sequence's)."""
+    """Seconds of one batched step on this machine: ``seconds[(b, w)]`` for ``b`` sequences
+    of ``w`` tokens each (the anchor and ``w - 1`` drafts), measured by `measure_batch_cost`
+    as the engine runs it: with a drafter, its proposals, the capture of its layers and the
+    bookkeeping are in the figure. ``draft_seconds``: one sequence's proposal of the most
+    drafts, for reports."""
 
     batches: tuple[int, ...]
     widths: tuple[int, ...]
     seconds: tuple[tuple[float, ...], ...]  # [batch index][width index]
     draft_seconds: float = 0.0
-    batch_draft_seconds: tuple[float, ...] = ()
-
-    def draft_time(self, b: int) -> float:
-        """Seconds for ``b`` sequences to propose the most drafts (interpolated in ``b``)."""
-        if not self.batch_draft_seconds:
-            return b * self.draft_seconds
-        return _interpolate(self.batches, self.batch_draft_seconds, b)
 
     def step_seconds(self, b: int, w: int) -> float:
         """Interpolated linearly in the batch size, at the nearest measured width at or above ``w``."""
         wi = next((i for i, x in enumerate(self.widths) if x >= w), len(self.widths) - 1)
-        return _interpolate(self.batches, [row[wi] for row in self.seconds], b)
+        col = [row[wi] for row in self.seconds]
+        if b <= self.batches[0]:
+            return col[0] * b / self.batches[0]
+        for i in range(1, len(self.batches)):
+            b0, b1, t0, t1 = self.batches[i - 1], self.batches[i], col[i - 1], col[i]
+            if b <= b1:
+                return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
+        return col[-1] * b / self.batches[-1]
 
 
-def _interpolate(batches: tuple[int, ...], values, b: int) -> float:
-    """``values`` measured at ``batches``, linear in between, proportional outside."""
-    if b <= batches[0]:
-        return values[0] * b / batches[0]
-    for i in range(1, len(batches)):
-        b0, b1, t0, t1 = batches[i - 1], batches[i], values[i - 1], values[i]
-        if b <= b1:
-            return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
-    return values[-1] * b / batches[-1]
+class _FixedLength:
+    """A draft-length rule that always answers ``k`` (for measuring steps)."""
+
+    k = 0
+
+    def pick(self, b: int) -> int:
+        return self.k
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
 
 
 @torch.inference_mode()
 def measure_batch_cost(
     decoder, *, max_width: int, drafter=None, capture: tuple[int, ...] = (), context: int = 64, repeats: int = 3
 ) -> BatchStepCost:
-    """Time `SlotDecoder.extend` for batch sizes 1, 2, 4, ... up to the decoder's slots and
-    widths 1 .. ``max_width`` over ``context`` cached tokens, and one proposal of ``drafter``
-    (its aux layers ``capture``); the slots are scratch: call it before serving. The median of
-    ``repeats`` runs each."""
+    """Time batched steps for batch sizes 1, 2, 4, ... up to the decoder's slots and widths
+    1 .. ``max_width``, over ``context`` cached tokens: without a drafter `SlotDecoder.extend`
+    alone; with one, whole `BatchedEngine` steps of sequences drafting ``w - 1`` tokens each
+    (forks of ``drafter``, which reads the layers ``capture``), so the figure holds what
+    drafting costs. The slots are scratch: call it before serving. The median of ``repeats``
+    runs each."""
     import statistics
 
     batches = sorted({min(decoder.slots, 2**i) for i in range(decoder.slots.bit_length() + 1)})
     widths = tuple(range(1, max_width + 1))
     prompt = [1 + (i % 7) for i in range(context)]
-    for slot in range(decoder.slots):
-        decoder.prefill(slot, prompt)
+
+    def timed(run) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
     table = []
-    for b in batches:
-        row = []
-        for w in widths:
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                decoder.extend([[2] * w for _ in range(b)])
-                times.append(time.perf_counter() - t0)
-                for slot in range(b):
-                    decoder.set_length(slot, context)
-            row.append(statistics.median(times))
-        table.append(tuple(row))
-    draft_seconds, batch_draft = 0.0, ()
-    if drafter is not None:
+    draft_seconds = 0.0
+    if drafter is None:
+        for slot in range(decoder.slots):
+            decoder.prefill(slot, prompt)
+        for b in batches:
+            row = []
+            for w in widths:
+
+                def extend(b=b, w=w) -> None:
+                    decoder.extend([[2] * w for _ in range(b)])
+                    for slot in range(b):
+                        decoder.set_length(slot, context)
+
+                row.append(timed(extend))
+            table.append(tuple(row))
+    else:
         from dspark.decoding.drafters import fork_drafter
         from dspark.decoding.sampling import SamplingParams
 
+        growth = repeats * sum(widths) + 1  # the most a sequence can advance while measured
+        room = decoder.max_len - context - max_width - 1
+        if room < growth:
+            raise DSparkError(
+                f"slots of {decoder.max_len} positions are too short to measure steps (context {context})"
+            )
+        fixed = _FixedLength()
+        engine = BatchedEngine(decoder, capture=capture, draft_length=fixed)
+        for b in batches:
+            seqs = [
+                Sequence(
+                    prompt=prompt,
+                    max_new_tokens=room,
+                    drafter=fork_drafter(drafter),
+                    num_speculative_tokens=max_width - 1,
+                )
+                for _ in range(b)
+            ]
+            for seq in seqs:
+                engine.add(seq)
+            row = []
+            for w in widths:
+                fixed.k = w - 1
+                row.append(timed(engine.step))
+            for seq in seqs:
+                engine.cancel(seq)
+            table.append(tuple(row))
+        probe = fork_drafter(drafter)
         logits, aux = decoder.prefill(0, prompt, capture)
-        probes = [fork_drafter(drafter) for _ in range(batches[-1])]
-        for probe in probes:
-            probe.begin(torch.tensor(prompt), aux if probe.aux_layer_ids else None)
-        anchor, params = int(logits.argmax()), SamplingParams()
-
-        def timed(run) -> float:
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - t0)
-            return statistics.median(times)
-
-        draft_seconds = timed(lambda: probes[0].propose(anchor, max_width - 1, params, None))
-        if batch_key(drafter) is not None:  # these draft together in the engine
-
-            def together(b: int) -> None:
-                propose_batch(probes[:b], [anchor] * b, [max_width - 1] * b, [params] * b, [None] * b)
-
-            batch_draft = tuple(draft_seconds if b == 1 else timed(lambda b=b: together(b)) for b in batches)
+        probe.begin(torch.tensor(prompt), aux if probe.aux_layer_ids else None)
+        draft_seconds = timed(lambda: probe.propose(int(logits.argmax()), max_width - 1, SamplingParams(), None))
     decoder.lengths.zero_()
-    return BatchStepCost(tuple(batches), widths, tuple(table), draft_seconds, batch_draft)
+    return BatchStepCost(tuple(batches), widths, tuple(table), draft_seconds)
 
 
 class LoadAwareDraftLength:
     """One draft length per step for the whole batch, from the measured step cost and the
-    acceptance this server has seen: ``k`` maximising ``b · E(k) / (T(b, k + 1) + D(b, k))``
+    acceptance this server has seen: ``k`` maximising ``b · E(k) / T(b, k + 1)``
     tokens per second, where ``E(k) = 1 + a_1 + a_1 a_2 + ...`` from running per-position
     acceptance rates ``a_j`` (exponentially weighted; optimistic 0.5 before any data) and
-    ``D(b, k)`` the drafting time of the batch (``b`` sequences drafting together where the
-    drafter allows, else one after another). ``k = 0`` (a plain step) is a choice: under load a
-    full batch of drafts can cost more than it brings. The rule looks only at past steps, so
-    verification and its guarantees are untouched."""
+    ``T`` the measured step, drafting included. ``k = 0`` (a plain step) is a choice: under
+    load a full batch of drafts can cost more than it brings. The rule looks only at past
+    steps, so verification and its guarantees are untouched."""
 
     def __init__(self, cost: BatchStepCost, max_drafts: int, *, decay: float = 0.98) -> None:
         self.cost, self.max_drafts, self.decay = cost, min(max_drafts, cost.widths[-1] - 1), decay
@@ -379,8 +400,7 @@ class LoadAwareDraftLength:
             if k:
                 survival *= self.accepts[k - 1] / self.attempts[k - 1]
                 expected += survival
-            draft = self.cost.draft_time(b) * k / max(1, self.max_drafts)
-            rate = b * expected / (self.cost.step_seconds(b, k + 1) + draft)
+            rate = b * expected / self.cost.step_seconds(b, k + 1)
             if rate > best_rate:
                 best, best_rate = k, rate
         self.chosen.append(best)
