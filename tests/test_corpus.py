@@ -452,3 +452,16 @@ def test_merge_adds_only_new_prompts_and_refuses_another_tokenizer(tmp_path):
     (part.dir / part.shards[0]["file"]).write_bytes(b"damaged")
     with pytest.raises(CorpusError, match="checksum"):
         ours.merge(part, shard_rows=10, **META)
+
+
+def test_grow_refuses_a_device_it_cannot_use_and_an_exclude_of_another_tokenizer(tiny_target_dirs, tmp_path):
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text(json.dumps({"prompt": "hi", "source": "s", "source_index": 0}) + "\n")
+    args = ["corpus", "grow", "--corpus", str(tmp_path / "c"), "--prompts", str(pool), "--work", str(tmp_path / "w")]
+    args += ["--target", str(tiny_target_dirs["llama"]), "--max-new-tokens", "2"]
+    if not torch.cuda.is_available():
+        bad = runner.invoke(app, [*args, "--device", "cuda"])
+        assert bad.exit_code == 2 and "no CUDA device" in bad.output
+    other = Corpus.create(tmp_path / "other", target="big", tokenizer_sha256="u")
+    bad = runner.invoke(app, [*args, "--exclude", str(other.dir)])
+    assert bad.exit_code == 2 and "another tokenizer" in bad.output
