@@ -67,6 +67,22 @@ def test_training_time_test_matches_chain_drafting():
     torch.testing.assert_close(prop.probs, chain_probs(model, ids, aux, p + 3, prev), atol=1e-5, rtol=1e-4)
 
 
+def test_verified_tokens_kept_for_later_draft_as_if_added_at_once():
+    """Accepts with no drafting between them (a batch step of length zero) join the cache at
+    the next proposal; the chain equals the training-time one over every token so far."""
+    model = tiny()
+    torch.manual_seed(3)
+    ids, aux = torch.randint(0, V, (30,)), torch.randn(30, M * H)
+    drafter = Eagle3Drafter(model, target_vocab_size=V)
+    params, p = SamplingParams(temperature=1.0), 6
+    drafter.begin(ids[:p], aux[:p])
+    for a, b in ((p, p + 1), (p + 1, p + 4), (p + 4, p + 6)):  # three steps, no proposal
+        drafter.accept(ids[a:b], aux[a:b])
+    prop = drafter.propose(int(ids[p + 6]), 4, params, torch.Generator().manual_seed(0))
+    prev = torch.cat([ids[p + 6 : p + 7], prop.tokens[:3]])
+    torch.testing.assert_close(prop.probs, chain_probs(model, ids, aux, p + 6, prev), atol=1e-5, rtol=1e-4)
+
+
 def test_chains_do_not_see_other_documents_or_the_future():
     model = tiny()
     torch.manual_seed(2)

@@ -463,6 +463,7 @@ class Eagle3Drafter:
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self._pending: torch.Tensor | None = None
+        self._queued: list[tuple[torch.Tensor, torch.Tensor]] = []  # verified pairs not yet cached
         self._next_pos = 0  # absolute position of the next token to pair
         self.timings = {"context": 0.0, "backbone": 0.0, "heads": 0.0}
 
@@ -498,14 +499,17 @@ class Eagle3Drafter:
                 f"{self.model.fc.in_features}: capture layers {list(self.aux_layer_ids)} in the target forward"
             )
         self._k = self._v = None
+        self._queued = []
         self._next_pos = 1
         self._add_pairs(prompt_aux[:-1], prompt_ids[1:])
         self._pending = prompt_aux[-1:]
 
     def accept(self, token_ids: torch.Tensor, aux: torch.Tensor | None) -> None:
+        """Verified pairs join the cache at the next drafting step (in one call), as DSpark's
+        context does: steps that do not draft cost nothing here."""
         if aux is None or aux.shape[0] != token_ids.shape[0]:
             raise ValueError("accept() needs one aux hidden row per accepted token")
-        self._add_pairs(torch.cat([self._pending, aux[:-1]]), token_ids)
+        self._queued.append((torch.cat([self._pending, aux[:-1]]), token_ids))
         self._pending = aux[-1:]
 
     @torch.inference_mode()
@@ -513,6 +517,10 @@ class Eagle3Drafter:
         k = min(k, self.config.speculative_steps)
         if k <= 0:
             return Proposal.empty(self.device)
+        if self._queued:
+            features, tokens = zip(*self._queued, strict=True)
+            self._queued = []
+            self._add_pairs(torch.cat(features), torch.cat(tokens))
         t0 = time.perf_counter()
         model, layer = self.model, self.model.layer
         attn = layer.self_attn
