@@ -226,3 +226,32 @@ def test_drafting_together_equals_drafting_alone(tiny_targets, head):
     for one, twin in pairs:
         assert twin._ctx_len == one._ctx_len and len(twin._pending) == len(one._pending)
         torch.testing.assert_close(twin._kv[0][0], one._kv[0][0], rtol=1e-4, atol=1e-5)
+
+
+def test_lookup_first_drafters_in_a_batch_draft_their_model_steps_together(tiny_targets):
+    """Prompt lookup first, DSpark otherwise, in a batch: lookup hits draft alone for free,
+    the misses draft together; greedy output equals plain decoding's."""
+    from dspark.decoding import LookupFirstDrafter
+
+    target = tiny_targets["llama"]
+    torch.manual_seed(0)
+    model = untrained_drafter(target)
+    aux = tuple(model.config.aux_hidden_state_layer_ids)
+    base = DSparkDrafter(model, target_vocab_size=target.vocab_size)
+    engine = BatchedEngine(SlotDecoder(target.model, slots=4, max_len=128), capture=aux)
+    tok = target.tokenizer
+    texts = ["a b c a b c a b", "one two one two one", "x y z", "for i in range(10): for i in"]
+    seqs = [
+        Sequence(
+            prompt=tok(t)["input_ids"],
+            max_new_tokens=24,
+            drafter=LookupFirstDrafter(fork_drafter(base), target.vocab_size, min_ngram=1),
+            num_speculative_tokens=4,
+        )
+        for t in texts
+    ]
+    engine.run(seqs)
+    for seq in seqs:
+        ref = SpeculativeEngine(target).generate(seq.prompt, max_new_tokens=24, stop_token_ids=set())
+        assert seq.tokens == ref.tokens
+    assert sum(s.drafter.lookup_steps for s in seqs) > 0 and sum(s.drafter.model_steps for s in seqs) > 0

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark.decoding.drafters import Drafter, Proposal, batch_key, propose_batch
+from dspark.decoding.drafters import Drafter, LookupFirstDrafter, Proposal, batch_key, propose_batch
 from dspark.decoding.engine import GenerationResult
 from dspark.decoding.sampling import SamplingParams, probabilities
 from dspark.decoding.verify import verify_greedy, verify_sampling
@@ -168,24 +168,34 @@ class BatchedEngine:
         drafting = [s for s in self.active if s.drafter is not None and s.num_speculative_tokens]
         cap = self.draft_length.pick(len(self.active)) if self.draft_length is not None and drafting else None
         ks = []
+        proposals = [Proposal.empty() for _ in self.active]
+        drafters: dict[int, Drafter] = {}  # who drafts for sequence i this step
         groups: dict[object, list[int]] = {}  # drafters that draft in one forward, by batch_key
         for i, seq in enumerate(self.active):
             k = min(seq.num_speculative_tokens, seq.max_new_tokens - len(seq.tokens) - 1)
             if cap is not None:
                 k = min(k, cap)
             ks.append(k if seq.drafter is not None else 0)
-            if ks[-1] > 0:
-                key = batch_key(seq.drafter) if self.draft_together else None
-                groups.setdefault(("alone", i) if key is None else key, []).append(i)
-        proposals = [Proposal.empty() for _ in self.active]
+            if ks[-1] <= 0:
+                continue
+            drafter = seq.drafter
+            if isinstance(drafter, LookupFirstDrafter):  # a lookup hit drafts for free
+                found = drafter.lookup_first(seq.tokens[-1], ks[-1], seq.params, seq.generator)
+                if found is not None:
+                    proposals[i] = found
+                    continue
+                drafter = drafter.model_drafter
+            drafters[i] = drafter
+            key = batch_key(drafter) if self.draft_together else None
+            groups.setdefault(("alone", i) if key is None else key, []).append(i)
         for members in groups.values():
             seqs = [self.active[i] for i in members]
             if len(members) == 1:
-                seq = seqs[0]
-                proposals[members[0]] = seq.drafter.propose(seq.tokens[-1], ks[members[0]], seq.params, seq.generator)
+                i, seq = members[0], seqs[0]
+                proposals[i] = drafters[i].propose(seq.tokens[-1], ks[i], seq.params, seq.generator)
                 continue
             drafted = propose_batch(
-                [s.drafter for s in seqs],
+                [drafters[i] for i in members],
                 [s.tokens[-1] for s in seqs],
                 [ks[i] for i in members],
                 [s.params for s in seqs],
@@ -337,6 +347,8 @@ def measure_batch_cost(
         from dspark.decoding.drafters import fork_drafter
         from dspark.decoding.sampling import SamplingParams
 
+        if isinstance(drafter, LookupFirstDrafter):  # price the model's drafts: lookup hits cost less
+            drafter = drafter.model_drafter
         growth = repeats * sum(widths) + 1  # the most a sequence can advance while measured
         room = decoder.max_len - context - max_width - 1
         if room < growth:

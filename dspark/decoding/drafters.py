@@ -153,7 +153,11 @@ class LookupFirstDrafter:
         self.model_drafter.begin(prompt_ids, prompt_aux)
         self.lookup.begin(prompt_ids, None)
 
-    def propose(self, anchor: int, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+    def lookup_first(
+        self, anchor: int, k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal | None:
+        """The lookup's drafts, or None when the model drafter drafts this step (counted as
+        such: the caller asks it, alone or in a batch)."""
         t0 = time.perf_counter()
         found = self.lookup.propose(anchor, k, params, generator)
         self._lookup_seconds += time.perf_counter() - t0
@@ -161,7 +165,11 @@ class LookupFirstDrafter:
             self.lookup_steps += 1
             return found
         self.model_steps += 1
-        return self.model_drafter.propose(anchor, k, params, generator)
+        return None
+
+    def propose(self, anchor: int, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        found = self.lookup_first(anchor, k, params, generator)
+        return found if found is not None else self.model_drafter.propose(anchor, k, params, generator)
 
     def accept(self, token_ids: torch.Tensor, aux: torch.Tensor | None) -> None:
         self.model_drafter.accept(token_ids, aux)
