@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from dspark.devices import device_name  # noqa: F401 - the commands import it from here
 from dspark.errors import DSparkError
 
 app = typer.Typer(
@@ -30,16 +31,6 @@ def torch_dtype(name: DType):
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name.value]
-
-
-def device_name(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise DSparkError(f"--device {name}: no CUDA device is available")
-    return name
 
 
 def fail(message: str, code: int = 2) -> None:

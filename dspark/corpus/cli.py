@@ -173,10 +173,10 @@ def grow_cmd(
     import torch
 
     from dspark.bench.provenance import provenance, utc_now
-    from dspark.cli.app import device_name
     from dspark.corpus import Corpus
     from dspark.corpus.grow import grow, read_pool, tokenizer_checksum
     from dspark.defaults import public_target_name, resolve_target
+    from dspark.devices import device_name
     from dspark.target import TargetModel
     from dspark.training.datagen import make_engine
 

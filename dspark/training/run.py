@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.devices import device_name
 from dspark.errors import DSparkError
 from dspark.training.data import InProcessSource, OnlineSource, load_examples
 from dspark.training.recipe import Recipe, build_model
@@ -24,24 +25,11 @@ def _first(examples: list, limit: int | None, data) -> list:
     return examples[:limit] if limit else examples
 
 
-def train_device(name: str, rank: int = 0) -> torch.device:
-    """The recipe's device: ``auto`` is CUDA where there is one; under DDP on CUDA each rank
-    takes the GPU of its local rank."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise DSparkError(f"device {name}: no CUDA device is available")
-        if name == "cuda":
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    return torch.device(name)
-
-
 def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | None = None) -> dict:
     from dspark.target import TargetModel
 
     rank, world = _dist_env()
-    device = train_device(recipe.device, rank)
+    device = torch.device(device_name(recipe.device, rank=rank))
     if world > 1 and not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         torch.distributed.init_process_group(backend)
