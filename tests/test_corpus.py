@@ -465,3 +465,31 @@ def test_grow_refuses_a_device_it_cannot_use_and_an_exclude_of_another_tokenizer
     other = Corpus.create(tmp_path / "other", target="big", tokenizer_sha256="u")
     bad = runner.invoke(app, [*args, "--exclude", str(other.dir)])
     assert bad.exit_code == 2 and "another tokenizer" in bad.output
+
+
+def test_slot_cache_grows_and_shrinks_with_the_longest_sequence(tiny_targets):
+    """The cache holds a little more than the longest sequence: a long prompt grows it, short
+    ones after it shrink it, and decode logits equal the model's own forward throughout."""
+    target = tiny_targets["llama"]
+    decoder = SlotDecoder(target.model, slots=2, max_len=1024)
+    first = decoder.alloc
+    g = torch.Generator().manual_seed(0)
+    long = torch.randint(5, 300, (560,), generator=g).tolist()
+    short = [torch.randint(5, 300, (n,), generator=g).tolist() for n in (30, 41)]
+
+    def decode_and_compare(seqs: list[list[int]]) -> None:
+        tokens = torch.tensor([7, 9][: len(seqs)])
+        got = decoder.decode(tokens, len(seqs))
+        for row, (ids, tok) in enumerate(zip(seqs, tokens.tolist(), strict=True)):
+            ref = target.model(input_ids=torch.tensor([ids + [tok]])).logits[0, -1]
+            torch.testing.assert_close(got[row], ref, rtol=1e-4, atol=1e-4)
+            ids.append(tok)
+
+    decoder.prefill(0, long)
+    decoder.prefill(1, short[0])
+    assert decoder.alloc > 512 > first
+    decode_and_compare([long, short[0]])
+    decoder.prefill(0, short[1])  # the long sequence is gone: the cache shrinks at the next step
+    decode_and_compare([short[1], short[0]])
+    assert decoder.alloc < 256
+    decode_and_compare([short[1], short[0]])

@@ -62,13 +62,41 @@ class SlotDecoder:
         self.slots, self.max_len = int(slots), int(max_len)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        shape = (self.slots, self.kv_heads, self.max_len, self.head_dim)
-        self.k = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
-        self.v = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        # The cache holds `alloc` positions per slot: a little more than the longest sequence
+        # (a multiple of 64, at most max_len), grown and shrunk as sequences come and go, so a
+        # decode step attends over one contiguous block (see `_attend_decode`).
+        self.alloc = 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self._resize(min(self.max_len, 256))
         self.lengths = torch.zeros(self.slots, dtype=torch.long, device=self.device)  # tokens cached per slot
         self._slot_index = torch.arange(self.slots, device=self.device)
         self._prefix: list[int] | None = None
         self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # ------------------------------------------------------------------ cache room
+    def _resize(self, alloc: int) -> None:
+        """Reallocate the cache to ``alloc`` positions per slot, keeping what fits."""
+        keep = min(self.alloc, alloc)
+        shape = (self.slots, self.kv_heads, alloc, self.head_dim)
+        for cache in (self.k, self.v):
+            for i in range(len(self.layers)):
+                fresh = torch.zeros(shape, device=self.device, dtype=self.dtype)
+                if i < len(cache):
+                    fresh[:, :, :keep] = cache[i][:, :, :keep]
+                    cache[i] = fresh
+                else:
+                    cache.append(fresh)
+        self.alloc = alloc
+
+    def _ensure(self, need: int) -> None:
+        """Room for ``need`` positions per slot; shrink when every slot needs far less."""
+        if need > self.alloc:
+            self._resize(min(self.max_len, -(-(need + 32) // 64) * 64))
+        elif self.alloc > 512 and 2 * (need + 64) < self.alloc:
+            held = max(need, int(self.lengths.max()))  # data of every slot stays
+            if 2 * (held + 64) < self.alloc:
+                self._resize(min(self.max_len, -(-(held + 32) // 64) * 64))
 
     # ------------------------------------------------------------------ forward pieces
     def _qkv(self, attn, h: torch.Tensor, positions: torch.Tensor):
@@ -98,6 +126,21 @@ class SlotDecoder:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale)
 
+    def _attend_decode(self, q, k, v, mask):
+        """One query per sequence ``q`` [n, H, 1, D] over the first n slots' whole allocated
+        block ``k`` / ``v`` [n, KV, alloc, D] (contiguous), ``mask`` [n, 1, 1, alloc]. On a
+        CPU two batched matmuls (each kv head's query group in one product) read that block
+        3x faster than SDPA's kernel reads a strided slice of it."""
+        if self.device.type != "cpu":
+            return self._attend(q, k, v, mask)
+        n, _, _, d = q.shape
+        rep, span = self.heads // self.kv_heads, k.shape[2]
+        rows = n * self.kv_heads
+        scores = torch.bmm(q.reshape(rows, rep, d), k.reshape(rows, span, d).transpose(1, 2)).float() * self.scale
+        scores = scores.view(n, self.kv_heads, rep, span).masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).to(v.dtype).view(rows, rep, span)
+        return torch.bmm(weights, v.reshape(rows, span, d)).view(n, self.heads, 1, d)
+
     def _finish(self, layer, h, attn_out):
         b, _, t, _ = attn_out.shape
         h = h + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
@@ -116,6 +159,7 @@ class SlotDecoder:
         t = len(ids)
         if not 0 < t < self.max_len:
             raise DSparkError(f"a prompt of {t} tokens does not fit a slot of {self.max_len}")
+        self._ensure(t + 1)
         if capture:
             states: dict[int, torch.Tensor] = {}
             h = self._run_prompt(slot, ids, 0, states, tuple(capture))
@@ -170,6 +214,7 @@ class SlotDecoder:
         if not ids:
             self._prefix, self._prefix_kv = None, []
             return
+        self._ensure(len(ids) + 1)
         self._run_prompt(0, ids, 0)
         n = len(ids)
         self._prefix_kv = [(k[0, :, :n].clone(), v[0, :, :n].clone()) for k, v in zip(self.k, self.v, strict=True)]
@@ -186,14 +231,15 @@ class SlotDecoder:
         span = int(lengths.max()) + 1
         if span > self.max_len:
             raise DSparkError(f"a slot would pass its {self.max_len} positions")
-        mask = (torch.arange(span, device=self.device)[None, :] <= lengths[:, None])[:, None, None, :]
+        self._ensure(span)
+        mask = (torch.arange(self.alloc, device=self.device)[None, :] <= lengths[:, None])[:, None, None, :]
         h = self.inner.embed_tokens(tokens.to(self.device)[:, None])
         rows = self._slot_index[:n]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), lengths[:, None])
             self.k[i][rows, :, lengths] = k[:, :, 0]
             self.v[i][rows, :, lengths] = v[:, :, 0]
-            h = self._finish(layer, h, self._attend(q, self.k[i][:n, :, :span], self.v[i][:n, :, :span], mask))
+            h = self._finish(layer, h, self._attend_decode(q, self.k[i][:n], self.v[i][:n], mask))
         self.lengths[:n] += 1
         return self._logits(h[:, 0])
 
@@ -213,6 +259,7 @@ class SlotDecoder:
         span = int(lengths.max()) + width
         if span > self.max_len:
             raise DSparkError(f"a slot would pass its {self.max_len} positions")
+        self._ensure(span)
         ids = torch.zeros(n, width, dtype=torch.long)
         for s, row in enumerate(tokens):
             ids[s, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
