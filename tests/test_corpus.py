@@ -481,7 +481,7 @@ def test_slot_cache_grows_and_shrinks_with_the_longest_sequence(tiny_targets):
         tokens = torch.tensor([7, 9][: len(seqs)])
         got = decoder.decode(tokens, len(seqs))
         for row, (ids, tok) in enumerate(zip(seqs, tokens.tolist(), strict=True)):
-            ref = target.model(input_ids=torch.tensor([ids + [tok]])).logits[0, -1]
+            ref = target.model(input_ids=torch.tensor([[*ids, tok]])).logits[0, -1]
             torch.testing.assert_close(got[row], ref, rtol=1e-4, atol=1e-4)
             ids.append(tok)
 
