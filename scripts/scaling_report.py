@@ -32,8 +32,14 @@ def runs() -> list[dict]:
         full = C / f"run-{method}" / "final"
         if full.is_dir():
             recipe = json.loads((C / f"run-{method}" / "recipe.json").read_text())
-            rows = recipe["train"].get("max_examples") or recipe["train"]["steps"]
-            found.append({"method": method, "rows": int(rows), "path": full})
+            data = Path(recipe["data"]) if Path(recipe["data"]).is_file() else C / "train.jsonl"
+            with open(data) as fh:
+                rows = sum(1 for line in fh if line.strip())
+            rows = min(rows, recipe["train"].get("max_examples") or rows)
+            epochs = recipe["train"]["steps"] / rows  # one row a step
+            # The curve is one epoch per size: a run of several epochs is its own point.
+            label = method if abs(epochs - 1) < 0.01 else f"{method} ({epochs:.3g} epochs)"
+            found.append({"method": label, "rows": int(rows), "path": full})
         for d in sorted((C / "scale").glob(f"{method}-*")):
             m = re.fullmatch(rf"{method}-(\d+)(-fp32features)?", d.name)
             if m and (d / "final").is_dir():
