@@ -180,8 +180,15 @@ def test_greedy_batch_with_the_load_aware_length_is_unchanged(tiny_targets):
     assert rule.chosen and all(0 <= k <= 3 for k in rule.chosen)
 
 
-@pytest.mark.parametrize("head", ["vanilla", "rnn"])
-def test_drafting_together_equals_drafting_alone(tiny_targets, head):
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"markov_head_type": "vanilla"},
+        {"markov_head_type": "rnn"},
+        {"sample_from_anchor": False, "enable_confidence_head": False},  # DFlash's slot layout
+    ],
+)
+def test_drafting_together_equals_drafting_alone(tiny_targets, options):
     """`propose_batch`: several sequences' blocks in one forward (contexts of different
     lengths, pending rows, mixed draft lengths, greedy and sampled rows) give each sequence
     the drafts, distributions and confidences its own `propose` gives."""
@@ -190,7 +197,7 @@ def test_drafting_together_equals_drafting_alone(tiny_targets, head):
 
     target = tiny_targets["qwen3"]
     torch.manual_seed(1)
-    model = untrained_drafter(target, markov_head_type=head, num_layers=2)
+    model = untrained_drafter(target, num_layers=2, **options)
     aux_ids = tuple(model.config.aux_hidden_state_layer_ids)
     base = DSparkDrafter(model, target_vocab_size=target.vocab_size)
     lengths, pending, ks = [5, 11, 2, 8], [0, 3, 1, 0], [7, 3, 0, 5]
@@ -220,8 +227,9 @@ def test_drafting_together_equals_drafting_alone(tiny_targets, head):
         assert both.tokens.tolist() == one.tokens.tolist() and len(both) == k
         if one.probs is not None:
             torch.testing.assert_close(both.probs, one.probs, rtol=1e-4, atol=1e-5)
-        if k:
+        if k and one.confidence is not None:
             torch.testing.assert_close(both.confidence, one.confidence, rtol=1e-4, atol=1e-5)
+        assert (both.confidence is None) == (one.confidence is None)
     # Both drafters took their pending rows into the context the same way (none when k = 0).
     for one, twin in pairs:
         assert twin._ctx_len == one._ctx_len and len(twin._pending) == len(one._pending)
