@@ -493,3 +493,20 @@ def test_slot_cache_grows_and_shrinks_with_the_longest_sequence(tiny_targets):
     decode_and_compare([short[1], short[0]])
     assert decoder.alloc < 256
     decode_and_compare([short[1], short[0]])
+
+
+def test_limit_counts_the_prompts_that_fit(tiny_targets, tmp_path):
+    """`--limit N` answers N prompts even when the first ones are too long to answer."""
+    engine = make_engine("slots", tiny_targets["llama"], slots=2, max_new_tokens=3, max_prompt_len=12)
+    pool = [{"prompt": "word " * 40, "source": "s", "source_index": 0}]
+    pool += [{"prompt": f"p{i}", "source": "s", "source_index": i} for i in range(1, 5)]
+    corpus = Corpus.create(tmp_path / "c", target="tiny", tokenizer_sha256="t")
+    notes = []
+    counts = grow(
+        corpus, pool, engine, work=tmp_path / "w.jsonl", limit=2, shard_rows=10, meta=lambda: META,
+        progress=False, log=notes.append,
+    )  # fmt: skip
+    assert counts["answered"] == 2 and sorted(r.source_index for r in corpus.iter_rows()) == [1, 2]
+    assert notes and "1 prompts longer than 12 tokens" in notes[0]
+    assert grow(corpus, pool, engine, work=tmp_path / "w.jsonl", limit=0, shard_rows=10, meta=lambda: META,
+                progress=False)["answered"] == 0  # fmt: skip

@@ -164,12 +164,11 @@ def grow(
     stored = corpus.keys()
     taken = stored | {r["key"] for r in pending} | set(exclude)
     todo = [p for p in pool if prompt_key(p["prompt"]) not in taken]
-    todo = todo[: limit if limit is not None else len(todo)]
     counts = {"stored_before": len(stored), "pending_before": len(pending), "answered": 0, "packed": 0}
     if len(pending) >= shard_rows or (limit == 0 and pending) or (not todo and pending):
         counts["packed"] += pack_work(corpus, work, pending, meta)
         pending = []
-    if not todo:
+    if not todo or limit == 0:
         return counts
 
     stop = {"now": False}
@@ -181,14 +180,18 @@ def grow(
     in_process = not isinstance(engine, Workers)
     tok = tokenizer if tokenizer is not None else engine.target.tokenizer
     limit_len = max_prompt_len if max_prompt_len is not None else getattr(engine, "max_prompt_len", None)
-    encoded, kept = [], []
-    for p in todo:
+    encoded, kept, left_out = [], [], 0
+    for p in todo:  # the first `limit` prompts that fit (a prompt too long does not count)
+        if limit is not None and len(kept) >= limit:
+            break
         ids = encode_prompt(tok, p["prompt"])
         if ids and (limit_len is None or len(ids) <= limit_len):
             encoded.append(ids)
             kept.append(p)
-    if len(kept) < len(todo):
-        log(f"note: {len(todo) - len(kept)} prompts longer than {limit_len} tokens (or empty) were left out")
+        else:
+            left_out += 1
+    if left_out:
+        log(f"note: {left_out} prompts longer than {limit_len} tokens (or empty) were left out")
     # Windows of shard_rows prompts, each sorted by length: sequences decoding together then
     # have similar spans (attention reads every slot up to the longest), while every shard
     # still holds the pool's mix of sources.
