@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -25,13 +23,11 @@ import torch.nn.functional as F
 
 
 def timed(run, repeats: int = 10) -> float:
+    """One warm-up call, then the median of ``repeats``."""
+    from dspark.decoding.draft_length import median_seconds
+
     run()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_seconds(run, repeats)
 
 
 def main() -> None:

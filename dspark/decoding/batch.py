@@ -313,19 +313,14 @@ def measure_batch_cost(
     (forks of ``drafter``, which reads the layers ``capture``), so the figure holds what
     drafting costs. The slots are scratch: call it before serving. The median of ``repeats``
     runs each."""
-    import statistics
+    from dspark.decoding.draft_length import median_seconds
 
     batches = sorted({min(decoder.slots, 2**i) for i in range(decoder.slots.bit_length() + 1)})
     widths = tuple(range(1, max_width + 1))
     prompt = [1 + (i % 7) for i in range(context)]
 
     def timed(run) -> float:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return median_seconds(run, repeats)
 
     table = []
     draft_seconds = 0.0

@@ -103,6 +103,16 @@ class StepCost:
         return cls.from_dict(data)
 
 
+def median_seconds(run, repeats: int = 3) -> float:
+    """The median wall time of ``repeats`` calls of ``run`` (no warm-up call)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def monotone_costs(seconds: list[float]) -> list[float]:
     """Noise on a shared machine only ever adds time, and a forward over more tokens does not
     cost less: keep T(m) = min over m' >= m of the measured T(m'), a non-decreasing curve."""
