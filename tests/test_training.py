@@ -172,6 +172,34 @@ def test_offline_cache_trains_like_the_online_source(tiny_targets, data, tmp_pat
         list(source.batches(0, 20))
 
 
+def test_sparse_logging_logs_the_same_metrics(tiny_targets, data, tmp_path):
+    """Metrics are computed only on logged steps: a log every 3 steps holds what a log every
+    step holds at those steps, and the weights end the same."""
+    target = tiny_targets["qwen3"]
+    examples = load_examples(data)
+
+    def run(log_every, out):
+        torch.manual_seed(0)
+        model = untrained_drafter(target, markov_rank=32)
+        source = InProcessSource(target, examples, model.config.aux_hidden_state_layer_ids, seed=0)
+        cfg = TrainConfig(steps=7, log_every=log_every, **CFG)
+        last = Trainer(model, source, cfg, out, progress=False).train()
+        lines = [json.loads(ln) for ln in (out / "train_log.jsonl").read_text().splitlines()]
+        return model, last, {ln["step"]: ln for ln in lines}
+
+    dense_model, _, dense = run(1, tmp_path / "dense")
+    sparse_model, last, sparse = run(3, tmp_path / "sparse")
+    assert sorted(sparse) == [3, 6, 7]
+    assert "sim_accept_len" in last and "accept" in last
+    for step, line in sparse.items():
+        assert set(line) == set(dense[step]), step
+        for key, value in line.items():
+            if key not in ("step_seconds", "source_wait_seconds"):
+                assert value == pytest.approx(dense[step][key], rel=1e-6, abs=1e-7), (step, key)
+    for a, b in zip(dense_model.state_dict().values(), sparse_model.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_ray_source_gives_the_same_loss_curve(tiny_targets, tiny_target_dirs, data, tmp_path):
     ray = pytest.importorskip("ray", reason="ray: install dspark[ray]")  # .ci/run installs it
     from dspark.training.ray_source import RaySource

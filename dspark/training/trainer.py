@@ -168,7 +168,7 @@ class Trainer:
         device = "cpu" if self.model.fc.weight.device.type == "cpu" else "cuda"
         return torch.autocast(device, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
 
-    def _micro_loss(self, batch, micro_index: int):
+    def _micro_loss(self, batch, micro_index: int, with_metrics: bool = True):
         cfg = self.cfg
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + micro_index)
         anchors = sample_anchors(
@@ -197,6 +197,7 @@ class Trainer:
             out.targets.valid.to(out.logits.device),
             out.confidence_logits,
             self.weights,
+            with_metrics=with_metrics,
         )
 
     # ------------------------------------------------------------------ loop
@@ -226,11 +227,12 @@ class Trainer:
                 t0 = time.perf_counter()
                 self.opt.zero_grad(set_to_none=True)
                 sums: dict[str, torch.Tensor] = {}
+                logged = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == end
                 for a in range(micro_per_step):
                     batch = next(batches)
                     if a % self.world != self.rank:
                         continue  # this micro-batch belongs to another rank
-                    loss, metrics = self._micro_loss(batch, batch.index)
+                    loss, metrics = self._micro_loss(batch, batch.index, with_metrics=logged)
                     if loss is None:
                         continue
                     (loss / cfg.grad_accum).backward()
@@ -257,8 +259,8 @@ class Trainer:
                 if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == end):
                     with log_path.open("a") as fh:
                         fh.write(json.dumps(last) + "\n")
-                if "loss" in last:  # a step whose batches held no anchor has no loss: keep the last shown
-                    bar.set_postfix(loss=f"{last['loss']:.4f}", tau=f"{last.get('sim_accept_len', 0):.2f}")
+                if "sim_accept_len" in last:  # a logged step with anchors: the metrics were computed
+                    bar.set_postfix(loss=f"{last['loss']:.4f}", tau=f"{last['sim_accept_len']:.2f}")
                 bar.update(1)
                 if self.step % cfg.checkpoint_every == 0 or self.step == end:
                     self.save_checkpoint()
