@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark.decoding.drafters import Drafter, LookupFirstDrafter, Proposal, batch_key, propose_batch
+from dspark.decoding.drafters import (
+    Drafter,
+    Proposal,
+    batch_key,
+    draft_without_model,
+    model_drafter_of,
+    propose_batch,
+)
 from dspark.decoding.engine import GenerationResult
 from dspark.decoding.sampling import SamplingParams, probabilities
 from dspark.decoding.verify import verify_greedy, verify_sampling
@@ -178,14 +185,11 @@ class BatchedEngine:
             ks.append(k if seq.drafter is not None else 0)
             if ks[-1] <= 0:
                 continue
-            drafter = seq.drafter
-            if isinstance(drafter, LookupFirstDrafter):  # a lookup hit drafts for free
-                found = drafter.lookup_first(seq.tokens[-1], ks[-1], seq.params, seq.generator)
-                if found is not None:
-                    proposals[i] = found
-                    continue
-                drafter = drafter.model_drafter
-            drafters[i] = drafter
+            found = draft_without_model(seq.drafter, seq.tokens[-1], ks[-1], seq.params, seq.generator)
+            if found is not None:  # e.g. a prompt lookup hit: drafted for free
+                proposals[i] = found
+                continue
+            drafter = drafters[i] = model_drafter_of(seq.drafter)
             key = batch_key(drafter) if self.draft_together else None
             groups.setdefault(("alone", i) if key is None else key, []).append(i)
         for members in groups.values():
@@ -342,8 +346,7 @@ def measure_batch_cost(
         from dspark.decoding.drafters import fork_drafter
         from dspark.decoding.sampling import SamplingParams
 
-        if isinstance(drafter, LookupFirstDrafter):  # price the model's drafts: lookup hits cost less
-            drafter = drafter.model_drafter
+        drafter = model_drafter_of(drafter)  # price the model's drafts: drafts without a model cost less
         growth = repeats * sum(widths) + 1  # the most a sequence can advance while measured
         room = decoder.max_len - context - max_width - 1
         if room < growth:

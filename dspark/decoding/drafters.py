@@ -325,6 +325,19 @@ class DSparkDrafter:
         return Proposal(tokens=out, probs=probs, confidence=confidence)
 
 
+def model_drafter_of(drafter):
+    """The drafter whose model drafts: a wrapper's ``model_drafter`` (one that drafts some
+    steps without a model, like `LookupFirstDrafter`), else the drafter itself."""
+    return getattr(drafter, "model_drafter", drafter)
+
+
+def draft_without_model(drafter, anchor: int, k: int, params: SamplingParams, generator) -> Proposal | None:
+    """A step's drafts made without a model forward (a wrapper's ``lookup_first``: a prompt
+    lookup hit), or None: `model_drafter_of(drafter)` drafts this step, alone or in a batch."""
+    first = getattr(drafter, "lookup_first", None)
+    return None if first is None else first(anchor, k, params, generator)
+
+
 def batch_key(drafter) -> object | None:
     """Drafters with equal keys draft together in one block forward (`propose_batch`): DSpark
     and DFlash drafters of one model whose draft length no per-sequence rule cuts short
