@@ -46,3 +46,23 @@ def test_damaged_mapping_is_named(d2t, t2d, message):
         _, t2d = mapping_from_kept_ids(torch.tensor([2, 3, 7, 9]), 12)
     with pytest.raises(CheckpointError, match=message):
         validate_vocab_mapping(d2t, t2d, 4, 12)
+
+
+def test_frozen_head_cast_once_under_autocast_gives_the_same_logits(tiny_targets):
+    """base_logits keeps one bf16 copy of the frozen lm_head under autocast: the logits equal
+    autocast's own cast, and a changed weight (a loaded checkpoint) is cast again."""
+    from helpers import untrained_drafter
+
+    model = untrained_drafter(tiny_targets["qwen3"])
+    hidden = torch.randn(5, model.config.hidden_size)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first, plain = model.base_logits(hidden), model.lm_head(hidden).float()
+        again = model.base_logits(hidden)
+    assert first.dtype == torch.float32
+    assert torch.equal(first, plain) and torch.equal(again, plain)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-2.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        changed, plain = model.base_logits(hidden), model.lm_head(hidden).float()
+    assert torch.equal(changed, plain) and not torch.equal(changed, first)
+    assert torch.equal(model.base_logits(hidden), model.lm_head(hidden).float())  # autocast off: fp32

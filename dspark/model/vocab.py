@@ -8,6 +8,7 @@ sorted ascending, so draft id ``j`` is the ``j``-th kept target id.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from dspark.errors import CheckpointError
 
@@ -74,6 +75,16 @@ def validate_vocab_mapping(
         raise CheckpointError(f"{source}: t2d and d2t disagree on which target ids are kept")
 
 
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast computes in on ``device_type`` right now; None when it is off."""
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+    except (AttributeError, TypeError, RuntimeError):  # older torch: no per-device queries
+        pass
+    return None
+
+
 class TargetTiedVocab:
     """The pruned-vocab pieces every drafter shares (DSpark, DFlash, EAGLE-3).
 
@@ -93,7 +104,18 @@ class TargetTiedVocab:
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Backbone hidden [..., H] -> draft-vocab logits U [..., V_d] in fp32."""
-        return self.lm_head(hidden).float()
+        weight = self.lm_head.weight
+        dtype = _autocast_dtype(weight.device.type)
+        if dtype is None or weight.dtype == dtype or weight.requires_grad:
+            return self.lm_head(hidden).float()
+        # Autocast casts a frozen weight again at every call (it caches only the casts of
+        # weights that train): keep one cast copy until the weight changes. Same numbers.
+        key = (weight.data_ptr(), weight._version, dtype)
+        cached = getattr(self, "_lm_head_cast", None)
+        if cached is None or cached[0] != key:
+            cached = (key, weight.detach().to(dtype))
+            object.__setattr__(self, "_lm_head_cast", cached)
+        return F.linear(hidden, cached[1]).float()
 
     @torch.no_grad()
     def copy_target_weights(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
