@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Train the embedded drafters (DSpark, DFlash, EAGLE-3 for SmolLM2-135M-Instruct) on the
-# corpus in corpus/smollm2-135m-instruct, on this machine's CPU (about 2 h on 2 cores).
+# corpus in corpus/smollm2-135m-instruct, on this machine's CPU (about 2 h per 10,000 corpus
+# rows on 2 cores; the feature cache takes ~4.6 KB a token of disk).
 # Every stage resumes: rerun the script after an interruption.
 #   1. dspark corpus export: the train split in a seeded order (any prefix is a fair sample,
 #      which the scaling curve uses) and the held-out split (prompt-key bucket 0 of 64)
