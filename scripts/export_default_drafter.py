@@ -6,6 +6,9 @@ Reads .cache/corpus-train/run-<method>/final and its train log; writes models/sm
 (bf16, without the target's embedding). TRAINING.json records the corpus, the budget, the loss
 and the teacher-forced accept_len of the shipped copy (`dspark evaluate`, n=7, 32 blocks a
 row, the target in fp32) on the first 64 training rows and on the corpus's held-out split.
+The drafter already in models/ is scored on the same held-out rows first: a new drafter that
+scores lower does not replace it (its summary goes to run-<method>/TRAINING-candidate.json;
+FORCE=1 ships it anyway).
 """
 
 from __future__ import annotations
@@ -34,18 +37,24 @@ CORPUS = Path("corpus/smollm2-135m-instruct")
 EVAL_ROWS = 64
 
 
+def heldout_accept_len(path: Path, target: TargetModel) -> float:
+    """Teacher-forced accept_len on the held-out split, the drafter loaded as `dspark evaluate
+    --draft models/...` loads it."""
+    model = open_drafter(path, target=target)
+    held = load_examples(HELDOUT, max_len=512)
+    return simulated_accept_len(model, target, held, max_anchors=32, num_drafts=7)["sim_accept_len"]
+
+
 def teacher_forced(out: Path, target: TargetModel) -> dict:
-    """accept_len of the shipped copy, loaded as `dspark evaluate --draft models/...` loads it."""
+    """accept_len of the shipped copy on the first training rows and on the held-out split."""
     model = open_drafter(out, target=target)
     train = load_examples(DATA, max_len=512)[:EVAL_ROWS]
-    held = load_examples(HELDOUT, max_len=512)
+    held = sum(1 for line in HELDOUT.open() if line.strip())
     return {
         f"teacher_forced_accept_len_{len(train)}_training_rows": simulated_accept_len(
             model, target, train, max_anchors=32, num_drafts=7
         )["sim_accept_len"],
-        f"teacher_forced_accept_len_{len(held)}_heldout_rows": simulated_accept_len(
-            model, target, held, max_anchors=32, num_drafts=7
-        )["sim_accept_len"],
+        f"teacher_forced_accept_len_{held}_heldout_rows": heldout_accept_len(out, target),
     }
 
 
@@ -73,7 +82,15 @@ def main(method: str) -> None:
     target = TargetModel.from_pretrained(default_target_dir())
     out = default_draft_dir(method)
     model = load_drafter(run / "final", target_embedding=target.embedding_weight())
-    ship_unless_unchanged(model, out)
+    before = heldout_accept_len(out, target) if (out / "config.json").is_file() else None
+    with tempfile.TemporaryDirectory() as tmp:
+        candidate = save_drafter(model, Path(tmp) / "candidate", dtype=torch.bfloat16, include_embeddings=False)
+        after = heldout_accept_len(candidate, target)
+    replace = before is None or after >= before or os.environ.get("FORCE") == "1"
+    if replace:
+        ship_unless_unchanged(model, out)
+    else:
+        print(f"{out}: kept the shipped drafter (held-out accept_len {before:.3f}); {run / 'final'} scores {after:.3f}")
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     tail = log[-30:]  # the last 300 steps (log_every 10)
     rows = [json.loads(line) for line in DATA.open()]
@@ -88,15 +105,25 @@ def main(method: str) -> None:
         "wall_minutes": round(sum(r["step_seconds"] for r in log) * 10 / 60, 1),
         "final_loss_mean_last_300_steps": statistics.mean(r["loss"] for r in tail),
         "sim_accept_len_mean_last_300_steps": statistics.mean(r["sim_accept_len"] for r in tail),
-        **teacher_forced(out, target),
+        **teacher_forced(out if replace else candidate_dir(run, model), target),
+        "heldout_accept_len_of_the_drafter_it_replaces": before,
         "machine": "2 CPU cores (shared), torch " + torch.__version__,
         "note": "accept_len figures are teacher forced (1 + expected accepted drafts per block): the log mean "
         "is over 30 single training sequences (noisy); the teacher_forced_* ones are `dspark evaluate` "
         "(n=7, 32 blocks a row, the target in fp32) on the first 64 training rows and on the corpus's held-out "
         "split (prompts never trained on)",
     }
-    (out / "TRAINING.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("wrote", out, json.dumps(summary, indent=2))
+    where = out / "TRAINING.json" if replace else run / "TRAINING-candidate.json"
+    where.write_text(json.dumps(summary, indent=2) + "\n")
+    print("wrote", where, json.dumps(summary, indent=2))
+
+
+def candidate_dir(run: Path, model) -> Path:
+    """The new drafter as it would ship (bf16, no embedding), kept beside its run."""
+    path = run / "candidate"
+    if not (path / "config.json").is_file():
+        save_drafter(model, path, dtype=torch.bfloat16, include_embeddings=False)
+    return path
 
 
 if __name__ == "__main__":
