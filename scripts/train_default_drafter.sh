@@ -13,7 +13,9 @@
 #      EPOCHS (default 1) passes over the train export, one row per step (train.steps is
 #      set from the export's row count, so the recipes need no edit when the corpus grows)
 #   5. copy each final drafter to models/smollm2-135m-<method> (bf16, without the target's
-#      embedding) with TRAINING.json (budget, loss, teacher-forced accept_len on held-out rows)
+#      embedding) with TRAINING.json (budget, loss, teacher-forced accept_len on held-out rows),
+#      unless it scores lower on the held-out rows than the drafter already there (then its
+#      summary is run-<method>/TRAINING-candidate.json; FORCE=1 ships it anyway)
 #   6. SCALING=1: the scaling curve (scripts/scaling_curve.sh)
 #   7. ABLATIONS=1: recipes/ablations/*.yaml too (not shipped)
 set -euo pipefail
