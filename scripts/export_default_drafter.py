@@ -45,8 +45,8 @@ def heldout_accept_len(path: Path, target: TargetModel) -> float:
     return simulated_accept_len(model, target, held, max_anchors=32, num_drafts=7)["sim_accept_len"]
 
 
-def teacher_forced(out: Path, target: TargetModel) -> dict:
-    """accept_len of the shipped copy on the first training rows and on the held-out split."""
+def teacher_forced(out: Path, target: TargetModel, heldout: float) -> dict:
+    """accept_len of the shipped copy on the first training rows, with its held-out figure."""
     model = open_drafter(out, target=target)
     train = load_examples(DATA, max_len=512)[:EVAL_ROWS]
     held = sum(1 for line in HELDOUT.open() if line.strip())
@@ -54,7 +54,7 @@ def teacher_forced(out: Path, target: TargetModel) -> dict:
         f"teacher_forced_accept_len_{len(train)}_training_rows": simulated_accept_len(
             model, target, train, max_anchors=32, num_drafts=7
         )["sim_accept_len"],
-        f"teacher_forced_accept_len_{held}_heldout_rows": heldout_accept_len(out, target),
+        f"teacher_forced_accept_len_{held}_heldout_rows": heldout,
     }
 
 
@@ -83,9 +83,8 @@ def main(method: str) -> None:
     out = default_draft_dir(method)
     model = load_drafter(run / "final", target_embedding=target.embedding_weight())
     before = heldout_accept_len(out, target) if (out / "config.json").is_file() else None
-    with tempfile.TemporaryDirectory() as tmp:
-        candidate = save_drafter(model, Path(tmp) / "candidate", dtype=torch.bfloat16, include_embeddings=False)
-        after = heldout_accept_len(candidate, target)
+    candidate = candidate_dir(run, model)  # the new drafter as it would ship, scored once
+    after = heldout_accept_len(candidate, target)
     replace = before is None or after >= before or os.environ.get("FORCE") == "1"
     if replace:
         ship_unless_unchanged(model, out)
@@ -105,7 +104,7 @@ def main(method: str) -> None:
         "wall_minutes": round(sum(r["step_seconds"] for r in log) * 10 / 60, 1),
         "final_loss_mean_last_300_steps": statistics.mean(r["loss"] for r in tail),
         "sim_accept_len_mean_last_300_steps": statistics.mean(r["sim_accept_len"] for r in tail),
-        **teacher_forced(out if replace else candidate_dir(run, model), target),
+        **teacher_forced(out if replace else candidate, target, after),
         "heldout_accept_len_of_the_drafter_it_replaces": before,
         "machine": "2 CPU cores (shared), torch " + torch.__version__,
         "note": "accept_len figures are teacher forced (1 + expected accepted drafts per block): the log mean "
@@ -120,10 +119,7 @@ def main(method: str) -> None:
 
 def candidate_dir(run: Path, model) -> Path:
     """The new drafter as it would ship (bf16, no embedding), kept beside its run."""
-    path = run / "candidate"
-    if not (path / "config.json").is_file():
-        save_drafter(model, path, dtype=torch.bfloat16, include_embeddings=False)
-    return path
+    return save_drafter(model, run / "candidate", dtype=torch.bfloat16, include_embeddings=False)
 
 
 if __name__ == "__main__":
