@@ -15,15 +15,26 @@ from dspark.errors import DSparkError
 
 @app.command("train")
 def train_cmd(
-    config: Annotated[Path, typer.Option(help="Run description (YAML); unknown keys are errors.")],
+    config: Annotated[
+        list[Path],
+        typer.Option(
+            help="Run description (YAML); unknown keys are errors. Repeat to train several drafters "
+            "side by side on one pass of the target (one process each; the recipes must share target, "
+            "data, source, seed, steps and aux layers)."
+        ),
+    ],
     set_: Annotated[
         list[str] | None,
         typer.Option(
             "--set",
             help="Override a recipe key: KEY=VALUE or SECTION.KEY=VALUE (repeatable), e.g. "
-            "--set train.steps=500 --set out=runs/short (paths relative to the working directory).",
+            "--set train.steps=500 --set out=runs/short (paths relative to the working directory); "
+            "applies to every --config.",
         ),
     ] = None,
+    threads: Annotated[
+        int, typer.Option(min=1, help="Torch threads per trainer process when several --config train together.")
+    ] = 1,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
 ) -> None:
     """Train a drafter (resumes from the last checkpoint in the run's out directory). Use torchrun for DDP."""
@@ -31,10 +42,17 @@ def train_cmd(
     from dspark.training.run import run_training
 
     try:
-        last = run_training(load_recipe(config, set_ or ()), progress=not no_progress)
+        recipes = [load_recipe(path, set_ or ()) for path in config]
+        if len(recipes) == 1:
+            results = [run_training(recipes[0], progress=not no_progress)]
+        else:
+            from dspark.training.together import train_together
+
+            results = train_together(recipes, [str(p) for p in config], progress=not no_progress, threads=threads)
     except (DSparkError, ValueError) as exc:
         fail(str(exc))
-    typer.echo(json.dumps({k: last[k] for k in ("step", "loss", "sim_accept_len") if k in last}))
+    for last in results:
+        typer.echo(json.dumps({k: last[k] for k in ("step", "loss", "sim_accept_len") if k in last}))
 
 
 @app.command("evaluate")

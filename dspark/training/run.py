@@ -25,7 +25,53 @@ def _first(examples: list, limit: int | None, data) -> list:
     return examples[:limit] if limit else examples
 
 
-def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | None = None) -> dict:
+def needs_target_here(recipe: Recipe) -> bool:
+    """Whether the recipe's source computes features with a target in this process."""
+    return recipe.source in ("inprocess", "vllm")
+
+
+def build_source(recipe: Recipe, aux, target=None):
+    """The feature source a recipe names, for drafters reading aux layers ``aux``.
+    ``target``: the loaded target, for the sources that run one here (`needs_target_here`)."""
+    limit = recipe.train.max_examples
+    if recipe.source == "ray":
+        from dspark.training.ray_source import RaySource
+
+        return RaySource(
+            recipe.target,
+            recipe.data,
+            aux,
+            seed=recipe.train.seed,
+            max_len=recipe.train.seq_len,
+            limit=limit,
+            **recipe.ray,
+        )
+    if recipe.source == "offline":
+        from dspark.training.feature_cache import OfflineSource
+
+        return OfflineSource(recipe.cache, aux, seed=recipe.train.seed, limit=limit)
+    if recipe.source == "online":  # the worker process loads its own copy of the target
+        return OnlineSource(
+            recipe.target, recipe.data, aux, seed=recipe.train.seed, max_len=recipe.train.seq_len, limit=limit
+        )
+    examples = _first(load_examples(recipe.data, max_len=recipe.train.seq_len), limit, recipe.data)
+    if recipe.source == "vllm":
+        from dspark.training.vllm_source import VllmSource
+
+        return VllmSource(
+            recipe.vllm["url"],
+            target,
+            examples,
+            aux,
+            seed=recipe.train.seed,
+            concurrency=int(recipe.vllm.get("concurrency", 4)),
+        )
+    return InProcessSource(target, examples, aux, seed=recipe.train.seed)
+
+
+def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | None = None, source_factory=None) -> dict:
+    """Train one recipe. ``source_factory(aux_ids) -> source`` replaces the recipe's own source
+    (`dspark.training.together` hands several trainers the features of one source)."""
     from dspark.target import TargetModel
 
     rank, world = _dist_env()
@@ -35,50 +81,19 @@ def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | Non
         torch.distributed.init_process_group(backend)
     # The target runs here only for the in-process and vLLM sources (features, final norm);
     # the others load their own copy where they compute.
-    target = TargetModel.from_pretrained(recipe.target, device=device if recipe.source == "inprocess" else "cpu")
+    own_source = source_factory is None
+    on_device = own_source and recipe.source == "inprocess"
+    target = TargetModel.from_pretrained(recipe.target, device=device if on_device else "cpu")
     model = build_model(recipe, target).to(device)
     if world > 1:  # every rank starts from rank 0's weights
         for t in model.state_dict().values():
             torch.distributed.broadcast(t, 0)
     aux = model.config.aux_hidden_state_layer_ids
-    limit = recipe.train.max_examples
-    if recipe.source == "ray":
-        from dspark.training.ray_source import RaySource
-
-        del target
-        source = RaySource(
-            recipe.target,
-            recipe.data,
-            aux,
-            seed=recipe.train.seed,
-            max_len=recipe.train.seq_len,
-            limit=limit,
-            **recipe.ray,
-        )
-    elif recipe.source == "offline":
-        from dspark.training.feature_cache import OfflineSource
-
-        source = OfflineSource(recipe.cache, aux, seed=recipe.train.seed, limit=limit)
-    elif recipe.source == "vllm":
-        from dspark.training.vllm_source import VllmSource
-
-        examples = _first(load_examples(recipe.data, max_len=recipe.train.seq_len), limit, recipe.data)
-        source = VllmSource(
-            recipe.vllm["url"],
-            target,
-            examples,
-            aux,
-            seed=recipe.train.seed,
-            concurrency=int(recipe.vllm.get("concurrency", 4)),
-        )
-    elif recipe.source == "online":
-        del target  # the worker process loads its own copy
-        source = OnlineSource(
-            recipe.target, recipe.data, aux, seed=recipe.train.seed, max_len=recipe.train.seq_len, limit=limit
-        )
+    if own_source:
+        source = build_source(recipe, aux, target if needs_target_here(recipe) else None)
     else:
-        examples = load_examples(recipe.data, max_len=recipe.train.seq_len)
-        source = InProcessSource(target, _first(examples, limit, recipe.data), aux, seed=recipe.train.seed)
+        source = source_factory(aux)
+    del target  # the source keeps it where it computes with it
     out = Path(recipe.out)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
