@@ -7,7 +7,9 @@
 #      which the scaling curve uses) and the held-out split (prompt-key bucket 0 of 64)
 #   2. dspark vocab: the 8192 most frequent assistant tokens of the train split
 #   3. dspark cache-features: the target's features once for every drafter (the target in
-#      bf16, two worker processes)
+#      bf16, two worker processes); FEATURES=stream skips the cache (no disk) and trains the
+#      drafters together on one stream of the target's features instead (`dspark train
+#      --config A --config B ...`, the target in bf16 in its own process)
 #   4. dspark train: recipes/smollm2-135m-{dspark,dflash,eagle3}.yaml side by side, one
 #      torch thread each (METHODS= picks some); same data, vocab, features and budget:
 #      EPOCHS (default 1) passes over the train export, one row per step (train.steps is
@@ -36,17 +38,27 @@ echo "$rows" > "$C/corpus-rows"
 [ -f "$C/train.jsonl" ] || .venv/bin/dspark corpus export "$CORPUS" --out "$C/train.jsonl" --split train --seed 0
 [ -f "$C/heldout.jsonl" ] || .venv/bin/dspark corpus export "$CORPUS" --out "$C/heldout.jsonl" --split heldout
 [ -f "$C/vocab.safetensors" ] || .venv/bin/dspark vocab --data "$C/train.jsonl" --size 8192 --out "$C/vocab.safetensors"
-.venv/bin/dspark cache-features --data "$C/train.jsonl" --out "$C/features-bf16" --aux-layers 2,15,27 --seq-len 512 \
-  --target-dtype bfloat16 --workers "${WORKERS:-2}"
 METHODS=${METHODS-dspark dflash eagle3}
 steps=$(( $(wc -l < "$C/train.jsonl") * ${EPOCHS:-1} ))
-pids=()
-for method in $METHODS; do
-  OMP_NUM_THREADS=1 .venv/bin/dspark train --config "recipes/smollm2-135m-$method.yaml" --no-progress \
-    --set train.steps="$steps" > "$C/train-$method.log" 2>&1 &
-  pids+=($!)
-done
-for pid in "${pids[@]}"; do wait "$pid"; done  # a failed run stops the script (its log says why)
+if [ "${FEATURES:-cache}" = stream ]; then
+  # No feature cache: one target process streams each row's features to all the trainers.
+  configs=()
+  for method in $METHODS; do configs+=(--config "recipes/smollm2-135m-$method.yaml"); done
+  if [ ${#configs[@]} -gt 0 ]; then
+    OMP_NUM_THREADS=1 .venv/bin/dspark train "${configs[@]}" --no-progress --set source=online --set target_dtype=bfloat16 \
+      --set train.steps="$steps" > "$C/train-together.log" 2>&1
+  fi
+else
+  .venv/bin/dspark cache-features --data "$C/train.jsonl" --out "$C/features-bf16" --aux-layers 2,15,27 --seq-len 512 \
+    --target-dtype bfloat16 --workers "${WORKERS:-2}"
+  pids=()
+  for method in $METHODS; do
+    OMP_NUM_THREADS=1 .venv/bin/dspark train --config "recipes/smollm2-135m-$method.yaml" --no-progress \
+      --set train.steps="$steps" > "$C/train-$method.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done  # a failed run stops the script (its log says why)
+fi
 for method in $METHODS; do
   .venv/bin/python scripts/export_default_drafter.py "$method"
 done

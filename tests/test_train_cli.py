@@ -224,3 +224,26 @@ def test_recipe_vllm_source_needs_a_url(tmp_path):
         load_recipe(recipe, ["source=vllm", "vllm.url=http://127.0.0.1:8000", "vllm.urls=x"])
     r = load_recipe(recipe, ["source=vllm", "vllm.url=http://127.0.0.1:8000", "vllm.concurrency=2"])
     assert r.source == "vllm" and r.vllm == {"url": "http://127.0.0.1:8000", "concurrency": 2}
+
+
+def test_recipe_target_dtype_picks_the_features_dtype(tiny_target_dirs, data, tmp_path):
+    """target_dtype: the sources that run the target compute in it; the drafter's own copy of
+    the target's weights stays fp32; sources that compute elsewhere refuse it."""
+    from dspark.errors import ConfigError
+    from dspark.target import TargetModel
+    from dspark.training.recipe import load_recipe
+    from dspark.training.run import build_source
+
+    cfg = write_recipe(tmp_path / "r.yaml", tiny_target_dirs["qwen3"], data, tmp_path / "r")
+    assert load_recipe(cfg).target_dtype == "float32"
+    recipe = load_recipe(cfg, ["target_dtype=bfloat16"])
+    fp32 = TargetModel.from_pretrained(recipe.target)
+    source = build_source(recipe, (0, 1), fp32)
+    assert source.target.dtype == torch.bfloat16 and fp32.dtype == torch.float32
+    assert build_source(load_recipe(cfg), (0, 1), fp32).target is fp32
+    online = build_source(load_recipe(cfg, ["source=online", "target_dtype=bfloat16"]), (0, 1))
+    assert online.args[-1] == "bfloat16"
+    with pytest.raises(ConfigError, match="target_dtype must be one of"):
+        load_recipe(cfg, ["target_dtype=float16"])
+    with pytest.raises(ConfigError, match="a cache records its own dtype"):
+        load_recipe(cfg, ["source=offline", f"cache={tmp_path}", "target_dtype=bfloat16"])

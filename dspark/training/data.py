@@ -139,12 +139,24 @@ class InProcessSource:
         pass
 
 
-def _worker(target_dir: str, data_path: str, max_len: int, aux_ids, seed: int, limit, start: int, count: int, q, stop):
+def _worker(
+    target_dir: str,
+    data_path: str,
+    max_len: int,
+    aux_ids,
+    seed: int,
+    limit,
+    dtype: str,
+    start: int,
+    count: int,
+    q,
+    stop,
+):
     from dspark.target import TargetModel
 
     torch.set_num_threads(1)
     try:
-        target = TargetModel.from_pretrained(target_dir)
+        target = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, dtype))
         examples = load_examples(data_path, max_len=max_len)
         if limit is not None:
             if limit > len(examples):
@@ -178,8 +190,10 @@ class OnlineSource:
         max_len: int,
         queue_size: int = 4,
         limit: int | None = None,
+        dtype: str = "float32",
     ) -> None:
-        self.args = (str(target_dir), str(data_path), max_len, tuple(aux_ids), seed, limit)
+        """``dtype``: what the target computes in (bfloat16: ~1.7x faster on CPUs with AVX512-BF16)."""
+        self.args = (str(target_dir), str(data_path), max_len, tuple(aux_ids), seed, limit, dtype)
         self.queue_size = queue_size
         self.wait_seconds = 0.0  # waiting for batches after the first one arrived
         self.startup_seconds = 0.0  # worker start, target load and the first batch

@@ -20,11 +20,13 @@ from dspark.training.data import _from_wire, _to_wire, example_order, extract_fe
 
 
 class _TargetWorker:
-    def __init__(self, target_dir: str, data_path: str, max_len: int, aux_ids, num_threads: int) -> None:
+    def __init__(
+        self, target_dir: str, data_path: str, max_len: int, aux_ids, num_threads: int, dtype: str = "float32"
+    ) -> None:
         from dspark.target import TargetModel
 
         torch.set_num_threads(num_threads)
-        self.target = TargetModel.from_pretrained(target_dir)
+        self.target = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, dtype))
         self.examples = load_examples(data_path, max_len=max_len)
         self.aux_ids = tuple(aux_ids)
 
@@ -49,6 +51,7 @@ class RaySource:
         num_cpus_per_worker: float = 1.0,
         address: str | None = None,
         limit: int | None = None,
+        dtype: str = "float32",
     ) -> None:
         try:
             import ray
@@ -59,7 +62,9 @@ class RaySource:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         actor = ray.remote(num_cpus=num_cpus_per_worker)(_TargetWorker)
         self.workers = [
-            actor.remote(str(target_dir), str(data_path), max_len, tuple(aux_ids), max(1, int(num_cpus_per_worker)))
+            actor.remote(
+                str(target_dir), str(data_path), max_len, tuple(aux_ids), max(1, int(num_cpus_per_worker)), dtype
+            )
             for _ in range(num_workers)
         ]
         self.num_examples = ray.get(self.workers[0].num_examples.remote())

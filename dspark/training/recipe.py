@@ -7,6 +7,7 @@ data: /path/to/train.jsonl   # rows {"input_ids", "loss_mask"} from `dspark data
 out: runs/my-drafter
 device: cpu                  # cpu | cuda | cuda:N | auto: where the drafter (and an in-process target) runs
 source: online               # online (target in a worker process) | inprocess | offline (+ cache: DIR)
+target_dtype: float32        # or bfloat16 (~1.7x faster features on CPUs with AVX512-BF16): online, inprocess, ray
                              # | vllm (+ vllm: {url: URL}: a `dspark vllm-hidden-states` server) | ray
 drafter:                     # init options (or `path:` to continue from a drafter directory)
   layers: 1
@@ -32,7 +33,22 @@ import yaml
 from dspark.errors import ConfigError
 from dspark.training.trainer import TrainConfig
 
-TOP_KEYS = {"preset", "target", "data", "out", "device", "source", "cache", "ray", "vllm", "drafter", "train", "seed"}
+TOP_KEYS = {
+    "preset",
+    "target",
+    "target_dtype",
+    "data",
+    "out",
+    "device",
+    "source",
+    "cache",
+    "ray",
+    "vllm",
+    "drafter",
+    "train",
+    "seed",
+}
+TARGET_DTYPES = ("float32", "bfloat16")
 RAY_KEYS = {"address", "num_workers", "num_cpus_per_worker", "in_flight"}
 VLLM_KEYS = {"url", "concurrency"}
 DRAFTER_KEYS = {"path", "method", "vocab"}  # and the init options of the families (`drafter_keys`)
@@ -45,6 +61,7 @@ class Recipe:
     data: Path
     out: Path
     source: str = "online"
+    target_dtype: str = "float32"  # what the target computes features in (online, inprocess, ray)
     device: str = "cpu"  # cpu, cuda, cuda:N or auto
     cache: Path | None = None  # feature cache directory for source: offline
     ray: dict = field(default_factory=dict)  # RaySource options for source: ray
@@ -114,6 +131,14 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     source = raw.get("source", "online")
     if source not in SOURCES:
         raise ConfigError(f"{src}: source must be one of {SOURCES}, got {source!r}")
+    target_dtype = raw.get("target_dtype", "float32")
+    if target_dtype not in TARGET_DTYPES:
+        raise ConfigError(f"{src}: target_dtype must be one of {TARGET_DTYPES}, got {target_dtype!r}")
+    if target_dtype != "float32" and source in ("offline", "vllm"):
+        raise ConfigError(
+            f"{src}: target_dtype applies to the sources that run the target here (online, inprocess, ray); "
+            f"source: {source} computes its features elsewhere (a cache records its own dtype)"
+        )
     device = str(raw.get("device", "cpu"))
     if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
         raise ConfigError(f"{src}: device must be cpu, cuda, cuda:N or auto, got {device!r}")
@@ -159,6 +184,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         data=(base / raw["data"]).resolve() if not Path(raw["data"]).is_absolute() else Path(raw["data"]),
         out=(base / raw["out"]).resolve() if not Path(raw["out"]).is_absolute() else Path(raw["out"]),
         source=source,
+        target_dtype=target_dtype,
         device=device,
         preset=raw.get("preset"),
         drafter=drafter,

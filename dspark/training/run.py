@@ -44,6 +44,7 @@ def build_source(recipe: Recipe, aux, target=None):
             seed=recipe.train.seed,
             max_len=recipe.train.seq_len,
             limit=limit,
+            dtype=recipe.target_dtype,
             **recipe.ray,
         )
     if recipe.source == "offline":
@@ -52,7 +53,13 @@ def build_source(recipe: Recipe, aux, target=None):
         return OfflineSource(recipe.cache, aux, seed=recipe.train.seed, limit=limit)
     if recipe.source == "online":  # the worker process loads its own copy of the target
         return OnlineSource(
-            recipe.target, recipe.data, aux, seed=recipe.train.seed, max_len=recipe.train.seq_len, limit=limit
+            recipe.target,
+            recipe.data,
+            aux,
+            seed=recipe.train.seed,
+            max_len=recipe.train.seq_len,
+            limit=limit,
+            dtype=recipe.target_dtype,
         )
     examples = _first(load_examples(recipe.data, max_len=recipe.train.seq_len), limit, recipe.data)
     if recipe.source == "vllm":
@@ -65,6 +72,12 @@ def build_source(recipe: Recipe, aux, target=None):
             aux,
             seed=recipe.train.seed,
             concurrency=int(recipe.vllm.get("concurrency", 4)),
+        )
+    if recipe.target_dtype != "float32":  # the drafter's weights came from the fp32 copy; features from this one
+        from dspark.target import TargetModel
+
+        target = TargetModel.from_pretrained(
+            recipe.target, device=target.device, dtype=getattr(torch, recipe.target_dtype)
         )
     return InProcessSource(target, examples, aux, seed=recipe.train.seed)
 
@@ -103,6 +116,7 @@ def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | Non
                     "target": str(recipe.target),
                     "data": str(recipe.data),
                     "source": recipe.source,
+                    "target_dtype": recipe.target_dtype,
                     "preset": recipe.preset,
                     "drafter": recipe.drafter,
                     "device": str(device),
