@@ -11,7 +11,7 @@ from helpers import untrained_drafter
 from dspark.decoding import DSparkDrafter, SpeculativeEngine
 from dspark.errors import CheckpointError
 from dspark.formats.checkpoint import load_drafter
-from dspark.training.data import InProcessSource, OnlineSource, load_examples
+from dspark.training.data import InProcessSource, OnlineSource, load_examples, save_examples
 from dspark.training.datagen import self_distill
 from dspark.training.evaluate import simulated_accept_len
 from dspark.training.trainer import TrainConfig, Trainer, lr_factor
@@ -425,3 +425,11 @@ def test_feature_cache_workers_bf16_target_and_prefix_limit(tiny_targets, tiny_t
     assert seen == {int(e.input_ids.sum()) for e in examples[:7]}
     with pytest.raises(DSparkError, match="first 99 examples"):
         OfflineSource(one, aux, seed=0, limit=99)
+
+
+def test_saved_examples_read_back_the_same(data, tmp_path):
+    examples = load_examples(data)[:5]
+    again = load_examples(save_examples(examples, tmp_path / "subset.jsonl"))
+    assert len(again) == 5
+    for a, b in zip(examples, again, strict=True):
+        assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)

@@ -36,7 +36,13 @@ def run(
     from dspark.model.pairing import config_for_target
     from dspark.model.vocab import mapping_from_counts
     from dspark.target import TargetModel
-    from dspark.training.data import InProcessSource, OnlineSource, assistant_token_counts, load_examples
+    from dspark.training.data import (
+        InProcessSource,
+        OnlineSource,
+        assistant_token_counts,
+        load_examples,
+        save_examples,
+    )
     from dspark.training.feature_cache import OfflineSource, build_feature_cache
     from dspark.training.trainer import TrainConfig, Trainer
 
@@ -54,15 +60,7 @@ def run(
         drafter_layers=1,
     )
     work = Path(tempfile.mkdtemp(prefix="dspark-bench-"))
-    subset = work / "data.jsonl"
-    import json
-
-    subset.write_text(
-        "".join(
-            json.dumps({"input_ids": r.input_ids.tolist(), "loss_mask": r.loss_mask.int().tolist()}) + "\n"
-            for r in rows
-        )
-    )
+    subset = save_examples(rows, work / "data.jsonl")
     vocab = mapping_from_counts(assistant_token_counts(rows, target.vocab_size), vd) if vd < target.vocab_size else None
     config = config_for_target(target, num_layers=1, mask_token_id=mask_token_id, draft_vocab_size=vd)
     cfg = TrainConfig(

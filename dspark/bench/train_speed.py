@@ -21,7 +21,6 @@ On the same rows and the same drafter, in one process, one after the other:
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -81,7 +80,7 @@ def run(target_dir: Path, data: Path, out: Path, *, rows: int, steps: int) -> di
     from dspark.bench.provenance import finished, provenance, write_json
     from dspark.model.vocab import mapping_from_counts
     from dspark.target import TargetModel
-    from dspark.training.data import assistant_token_counts, load_examples
+    from dspark.training.data import assistant_token_counts, load_examples, save_examples
     from dspark.training.feature_cache import build_feature_cache
 
     aux = (2, 15, 27)
@@ -90,13 +89,7 @@ def run(target_dir: Path, data: Path, out: Path, *, rows: int, steps: int) -> di
     meta = provenance(0, target=str(target_dir), data=str(data), rows=len(examples), tokens=tokens, steps=steps)
     work = Path(tempfile.mkdtemp(prefix="dspark-train-speed-"))
     try:
-        subset = work / "rows.jsonl"
-        subset.write_text(
-            "".join(
-                json.dumps({"input_ids": e.input_ids.tolist(), "loss_mask": e.loss_mask.int().tolist()}) + "\n"
-                for e in examples
-            )
-        )
+        subset = save_examples(examples, work / "rows.jsonl")
         features = {}
         torch.set_num_threads(2)
         fp32 = TargetModel.from_pretrained(target_dir)

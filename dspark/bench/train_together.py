@@ -20,7 +20,6 @@ cache holds them exactly, so the drafters should agree to float rounding).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -67,7 +66,7 @@ def run(target_dir: Path, data: Path, vocab: Path, out: Path, *, rows: int) -> d
     from safetensors.torch import load_file
 
     from dspark.bench.provenance import finished, provenance, write_json
-    from dspark.training.data import load_examples
+    from dspark.training.data import load_examples, save_examples
 
     examples = load_examples(data, max_len=512)[:rows]
     tokens = sum(int(e.input_ids.numel()) for e in examples)
@@ -75,13 +74,7 @@ def run(target_dir: Path, data: Path, vocab: Path, out: Path, *, rows: int) -> d
     work = Path(tempfile.mkdtemp(prefix="dspark-train-together-"))
     log = work / "log.txt"
     try:
-        subset = work / "rows.jsonl"
-        subset.write_text(
-            "".join(
-                json.dumps({"input_ids": e.input_ids.tolist(), "loss_mask": e.loss_mask.int().tolist()}) + "\n"
-                for e in examples
-            )
-        )
+        subset = save_examples(examples, work / "rows.jsonl")
         recipes = [str(REPO / "recipes" / f"smollm2-135m-{m}.yaml") for m in METHODS]
         paths = {}
 

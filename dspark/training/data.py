@@ -81,6 +81,18 @@ def load_examples(path: str | Path, *, max_len: int | None = None) -> list[Examp
     return out
 
 
+def save_examples(examples: list[Example], path: str | Path) -> Path:
+    """Write examples as the JSONL rows `load_examples` reads (a subset for a benchmark, say)."""
+    out = Path(path)
+    out.write_text(
+        "".join(
+            json.dumps({"input_ids": e.input_ids.tolist(), "loss_mask": e.loss_mask.int().tolist()}) + "\n"
+            for e in examples
+        )
+    )
+    return out
+
+
 def example_order(num_examples: int, seed: int, start: int, count: int) -> list[int]:
     """Example indices for micro-steps ``start .. start+count-1``: a fresh permutation per epoch."""
     order = []

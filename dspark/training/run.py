@@ -34,33 +34,18 @@ def build_source(recipe: Recipe, aux, target=None):
     """The feature source a recipe names, for drafters reading aux layers ``aux``.
     ``target``: the loaded target, for the sources that run one here (`needs_target_here`)."""
     limit = recipe.train.max_examples
+    # What the sources that load their own target and rows take alike.
+    streaming = dict(seed=recipe.train.seed, max_len=recipe.train.seq_len, limit=limit, dtype=recipe.target_dtype)
     if recipe.source == "ray":
         from dspark.training.ray_source import RaySource
 
-        return RaySource(
-            recipe.target,
-            recipe.data,
-            aux,
-            seed=recipe.train.seed,
-            max_len=recipe.train.seq_len,
-            limit=limit,
-            dtype=recipe.target_dtype,
-            **recipe.ray,
-        )
+        return RaySource(recipe.target, recipe.data, aux, **streaming, **recipe.ray)
     if recipe.source == "offline":
         from dspark.training.feature_cache import OfflineSource
 
         return OfflineSource(recipe.cache, aux, seed=recipe.train.seed, limit=limit)
     if recipe.source == "online":  # the worker process loads its own copy of the target
-        return OnlineSource(
-            recipe.target,
-            recipe.data,
-            aux,
-            seed=recipe.train.seed,
-            max_len=recipe.train.seq_len,
-            limit=limit,
-            dtype=recipe.target_dtype,
-        )
+        return OnlineSource(recipe.target, recipe.data, aux, **streaming)
     examples = _first(load_examples(recipe.data, max_len=recipe.train.seq_len), limit, recipe.data)
     if recipe.source == "vllm":
         from dspark.training.vllm_source import VllmSource
