@@ -16,11 +16,13 @@ killed run resumes exactly, as each recipe alone would.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing as mp
 import os
 import queue
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -172,6 +174,25 @@ class _Trainers:
                 p.terminate()
 
 
+def _latest_taus(recipes: list[Recipe]) -> str:
+    """Each trainer's last logged simulated accept_len, from its train_log.jsonl (for the bar)."""
+    parts = []
+    for r in recipes:
+        log = Path(r.out) / "train_log.jsonl"
+        tau = "-"
+        if log.is_file():
+            with log.open("rb") as fh:
+                fh.seek(max(0, log.stat().st_size - 4096))
+                for line in reversed(fh.read().splitlines()):
+                    try:
+                        tau = f"{json.loads(line)['sim_accept_len']:.2f}"
+                        break
+                    except (ValueError, KeyError):
+                        continue
+        parts.append(f"{Path(r.out).name} tau {tau}")
+    return ", ".join(parts)
+
+
 def train_together(
     recipes: list[Recipe],
     names: list[str] | None = None,
@@ -221,6 +242,8 @@ def train_together(
                     if start <= batch.index < stop:
                         trainers.put(i, payload)
                 bar.update(1)
+                if progress and batch.index % 50 == 0:
+                    bar.set_postfix_str(_latest_taus(recipes))
             bar.close()
         while len(trainers.done) < len(recipes):
             trainers.wait(("done",))
