@@ -165,3 +165,51 @@ def test_each_forward_captures_the_layers_it_asks_for(tiny_targets):
     assert both.shape[-1] == 2 * h
     torch.testing.assert_close(both[:, :h], third)
     torch.testing.assert_close(both[:, h:], first)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 64, 65])
+@pytest.mark.parametrize("bias", [False, True])
+def test_rows_first_linear_computes_the_linear_product(rows, bias):
+    """W @ xᵀ for 1..64 float32 rows on CPU: F.linear's numbers up to rounding, its shape
+    (leading dims kept), contiguous; longer inputs and other dtypes are F.linear itself."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from dspark.target.small_rows import RowsFirstLinear, rows_first_linear
+
+    torch.manual_seed(rows)
+    layer = nn.Sequential(nn.Linear(48, 96, bias=bias))
+    assert rows_first_linear(layer, True) == 1 and type(layer[0]) is RowsFirstLinear
+    lin = layer[0]
+    for shape in ((rows, 48), (1, rows, 48)):
+        x = torch.randn(*shape)
+        ref = F.linear(x, lin.weight, lin.bias)
+        got = lin(x)
+        assert got.shape == ref.shape and got.is_contiguous()
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        if rows > 64:
+            assert torch.equal(got, ref)  # long inputs (prefill, features) take F.linear itself
+    xb = torch.randn(rows, 48, dtype=torch.bfloat16)
+    assert torch.equal(lin.to(torch.bfloat16)(xb), F.linear(xb, lin.weight, lin.bias))
+    assert rows_first_linear(layer, False) == 1 and type(layer[0]) is nn.Linear
+
+
+def test_target_uses_rows_first_linear_unless_turned_off(tiny_target_dirs, monkeypatch):
+    from torch import nn
+
+    from dspark.target import TargetModel
+    from dspark.target.small_rows import RowsFirstLinear
+
+    def kinds(target):
+        return {type(m) for m in target.model.modules() if isinstance(m, nn.Linear)}
+
+    target = TargetModel.from_pretrained(tiny_target_dirs["llama"])
+    assert target.small_rows and kinds(target) == {RowsFirstLinear}
+    ids = torch.tensor([5, 9, 13, 2, 7, 11])
+    on = target.forward(ids).logits
+    target.set_small_rows(False)
+    target.reset()
+    assert not target.small_rows and kinds(target) == {nn.Linear}
+    torch.testing.assert_close(target.forward(ids).logits, on, rtol=1e-4, atol=1e-4)
+    monkeypatch.setenv("DSPARK_SMALL_ROWS", "0")
+    assert kinds(TargetModel.from_pretrained(tiny_target_dirs["llama"])) == {nn.Linear}

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dspark.errors import DSparkError
+from dspark.target.small_rows import enabled_by_default, rows_first_linear
 
 
 class TargetError(DSparkError):
@@ -109,6 +110,15 @@ class TargetModel:
         self._head = model.get_output_embeddings()
         self._has_logits_to_keep = "logits_to_keep" in params
         self._norm.register_forward_hook(self._final_hook)
+        self.small_rows = False
+        if enabled_by_default():
+            self.set_small_rows(True)
+
+    def set_small_rows(self, on: bool) -> None:
+        """Float32 CPU products of up to 64 rows as W @ xᵀ (`dspark.target.small_rows`); on by
+        default (``DSPARK_SMALL_ROWS=0``: off)."""
+        rows_first_linear(self.model, on)
+        self.small_rows = on
 
     def _final_hook(self, _module, _args, output) -> None:
         if self._keep_final:
