@@ -74,9 +74,9 @@ class SharedSource:
         # Tell the parent where this trainer resumes before any row is read (also when it
         # has nothing left to do, so a plain function, not a generator, sends it).
         self.report.put(("ready", self.index, self.aux, start, count))
-        return self._read(start, start + count)
+        return self._read()
 
-    def _read(self, start: int, end: int) -> Iterator[FeatureBatch]:
+    def _read(self) -> Iterator[FeatureBatch]:
         parent = mp.parent_process()
         while True:
             t0 = time.perf_counter()
@@ -90,12 +90,7 @@ class SharedSource:
             self.wait_seconds += time.perf_counter() - t0
             if item is None:
                 return
-            batch = _from_wire(item)
-            if batch.index < start:
-                continue  # done before the restart
-            yield batch
-            if batch.index + 1 >= end:
-                return
+            yield _from_wire(item)  # the parent sends only rows start..end-1
 
     def close(self) -> None:
         pass
