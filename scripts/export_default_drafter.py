@@ -92,14 +92,17 @@ def main(method: str) -> None:
         print(f"{out}: kept the shipped drafter (held-out accept_len {before:.3f}); {run / 'final'} scores {after:.3f}")
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     tail = log[-30:]  # the last 300 steps (log_every 10)
-    rows = [json.loads(line) for line in DATA.open()]
+    recipe = json.loads((run / "recipe.json").read_text())
+    split = [json.loads(line) for line in DATA.open()]
+    rows = split[: recipe["train"].get("max_examples")]
+    which = f"the first {len(rows):,} of its {len(split):,}" if len(rows) < len(split) else f"{len(rows):,}"
     manifest = json.loads((CORPUS / "manifest.json").read_text())
     summary = {
         "recipe": f"recipes/smollm2-135m-{method}.yaml",
-        "data": f"the train split of {CORPUS} ({manifest_rows(manifest):,} rows when exported): {len(rows):,} "
+        "data": f"the train split of {CORPUS} ({manifest_rows(manifest):,} rows when exported): {which} "
         f"self-distilled answers (greedy, <= 256 new tokens), {sum(sum(r['loss_mask']) for r in rows):,} "
         "assistant tokens",
-        "source": "offline (dspark cache-features, the target in bf16, aux layers 2,15,27)",
+        "source": source_text(recipe),
         "steps": log[-1]["step"],
         "wall_minutes": round(sum(r["step_seconds"] for r in log) * 10 / 60, 1),
         "final_loss_mean_last_300_steps": statistics.mean(r["loss"] for r in tail),
@@ -115,6 +118,15 @@ def main(method: str) -> None:
     where = out / "TRAINING.json" if replace else run / "TRAINING-candidate.json"
     where.write_text(json.dumps(summary, indent=2) + "\n")
     print("wrote", where, json.dumps(summary, indent=2))
+
+
+def source_text(recipe: dict) -> str:
+    """Where the run's target features came from, as its recipe.json says."""
+    aux = "aux layers " + ",".join(str(i) for i in recipe["drafter"]["aux_layers"])
+    if recipe["source"] == "offline":
+        return f"offline (the feature cache of dspark cache-features, {aux})"
+    dtype = "bf16" if recipe.get("target_dtype") == "bfloat16" else "fp32"
+    return f"{recipe['source']} (features computed as training reads them, no cache; the target in {dtype}, {aux})"
 
 
 def candidate_dir(run: Path, model) -> Path:

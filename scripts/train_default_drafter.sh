@@ -13,7 +13,8 @@
 #   4. dspark train: recipes/smollm2-135m-{dspark,dflash,eagle3}.yaml side by side, one
 #      torch thread each (METHODS= picks some); same data, vocab, features and budget:
 #      EPOCHS (default 1) passes over the train export, one row per step (train.steps is
-#      set from the export's row count, so the recipes need no edit when the corpus grows)
+#      set from the export's row count, so the recipes need no edit when the corpus grows);
+#      ROWS=N uses the export's first N rows only (a budget that fits a session)
 #   5. copy each final drafter to models/smollm2-135m-<method> (bf16, without the target's
 #      embedding) with TRAINING.json (budget, loss, teacher-forced accept_len on held-out rows),
 #      unless it scores lower on the held-out rows than the drafter already there (then its
@@ -39,14 +40,18 @@ echo "$rows" > "$C/corpus-rows"
 [ -f "$C/heldout.jsonl" ] || .venv/bin/dspark corpus export "$CORPUS" --out "$C/heldout.jsonl" --split heldout
 [ -f "$C/vocab.safetensors" ] || .venv/bin/dspark vocab --data "$C/train.jsonl" --size 8192 --out "$C/vocab.safetensors"
 METHODS=${METHODS-dspark dflash eagle3}
-steps=$(( $(wc -l < "$C/train.jsonl") * ${EPOCHS:-1} ))
+# ROWS=N trains on the first N rows of the train split only (any prefix is a fair sample).
+rows_used=${ROWS:-$(wc -l < "$C/train.jsonl")}
+steps=$(( rows_used * ${EPOCHS:-1} ))
+limit=()
+[ -n "${ROWS:-}" ] && limit=(--set train.max_examples="$ROWS")
 if [ "${FEATURES:-cache}" = stream ]; then
   # No feature cache: one target process streams each row's features to all the trainers.
   configs=()
   for method in $METHODS; do configs+=(--config "recipes/smollm2-135m-$method.yaml"); done
   if [ ${#configs[@]} -gt 0 ]; then
     OMP_NUM_THREADS=1 .venv/bin/dspark train "${configs[@]}" --no-progress --set source=online --set target_dtype=bfloat16 \
-      --set train.steps="$steps" > "$C/train-together.log" 2>&1
+      --set train.steps="$steps" "${limit[@]}" > "$C/train-together.log" 2>&1
   fi
 else
   .venv/bin/dspark cache-features --data "$C/train.jsonl" --out "$C/features-bf16" --aux-layers 2,15,27 --seq-len 512 \
@@ -54,7 +59,7 @@ else
   pids=()
   for method in $METHODS; do
     OMP_NUM_THREADS=1 .venv/bin/dspark train --config "recipes/smollm2-135m-$method.yaml" --no-progress \
-      --set train.steps="$steps" > "$C/train-$method.log" 2>&1 &
+      --set train.steps="$steps" "${limit[@]}" > "$C/train-$method.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done  # a failed run stops the script (its log says why)
