@@ -130,7 +130,11 @@ def _to_wire(batch: FeatureBatch) -> dict:
 
 
 def _from_wire(payload: dict) -> FeatureBatch:
-    return FeatureBatch(**{k: (v if isinstance(v, int) else torch.from_numpy(v)) for k, v in payload.items()})
+    def tensor(v):
+        # Ray hands out read-only views of its object store: copy those (torch warns on them).
+        return torch.from_numpy(v) if v.flags.writeable else torch.tensor(v)
+
+    return FeatureBatch(**{k: (v if isinstance(v, int) else tensor(v)) for k, v in payload.items()})
 
 
 class InProcessSource:
