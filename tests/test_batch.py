@@ -92,6 +92,56 @@ def test_extend_matches_one_sequence_forwards(tiny_targets):
         decoder.set_length(1, 999)
 
 
+def test_a_cached_prefix_gives_what_a_full_prefill_gives(tiny_targets):
+    """A prompt that starts with the cached prefix (the chat template's system turn): its
+    logits, captured states and later steps equal a prefill of the whole prompt; a prompt
+    that does not start with it is prefilled whole."""
+    target = tiny_targets["qwen3"]
+    capture = (1, target.num_layers)
+    prefix, ids, other = [5, 6, 7, 8, 9, 10], [5, 6, 7, 8, 9, 10, 11, 12, 13], [5, 6, 7, 4, 9, 10, 11]
+    whole = SlotDecoder(target.model, slots=2, max_len=64)
+    cached = SlotDecoder(target.model, slots=2, max_len=64)
+    cached.set_prefix(prefix)
+    for slot, prompt in enumerate((ids, other)):
+        logits, aux = whole.prefill(slot, prompt, capture)
+        got_logits, got_aux = cached.prefill(slot, prompt, capture)
+        assert got_aux.shape == aux.shape == (len(prompt), 2 * target.hidden_size)
+        torch.testing.assert_close(got_logits, logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got_aux, aux, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(cached.prefill(slot, prompt), logits, rtol=1e-4, atol=1e-4)  # no capture
+    for (a, _), (b, _) in zip(whole.extend([[20, 21], [22]]), cached.extend([[20, 21], [22]]), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    with pytest.raises(DSparkError, match="does not fit"):
+        cached.set_prefix(list(range(1, 70)))
+
+
+def test_greedy_batch_over_a_cached_prefix_equals_each_sequence_alone(tiny_targets):
+    """The batch server's set-up (the chat turn's prefix cached, DSpark drafting from the
+    prefilled states): every sequence decodes as the one-sequence engine decodes it."""
+    from dspark.target.slots import shared_prefix
+
+    target = tiny_targets["llama"]
+    torch.manual_seed(1)
+    model = untrained_drafter(target)
+    tok = target.tokenizer
+    prompts = [tok("system: answer briefly.\nuser: " + t)["input_ids"] for t in PROMPTS]
+    decoder = SlotDecoder(target.model, slots=2, max_len=128)
+    decoder.set_prefix(shared_prefix(prompts))
+    assert decoder._prefix and all(p[: len(decoder._prefix)] == decoder._prefix for p in prompts)
+    engine = BatchedEngine(decoder, capture=tuple(model.config.aux_hidden_state_layer_ids))
+    base = DSparkDrafter(model, target_vocab_size=target.vocab_size)
+    seqs = [
+        Sequence(prompt=p, max_new_tokens=12, drafter=fork_drafter(base), num_speculative_tokens=3) for p in prompts
+    ]
+    engine.run(seqs)
+    for seq, ids in zip(seqs, prompts, strict=True):
+        drafter = DSparkDrafter(model, target_vocab_size=target.vocab_size)
+        ref = SpeculativeEngine(target, drafter, num_speculative_tokens=3).generate(
+            ids, max_new_tokens=12, stop_token_ids=set()
+        )
+        assert seq.tokens == ref.tokens and seq.forwards == ref.target_forwards
+
+
 def test_sampling_in_a_batch_follows_the_target(tiny_targets):
     """Sixteen sequences sampled side by side, each with its own generator, drafts from a
     different distribution (accept and reject paths), TV < 0.06 over 3008 samples."""
@@ -230,10 +280,13 @@ def test_drafting_together_equals_drafting_alone(tiny_targets, options):
         if k and one.confidence is not None:
             torch.testing.assert_close(both.confidence, one.confidence, rtol=1e-4, atol=1e-5)
         assert (both.confidence is None) == (one.confidence is None)
-    # Both drafters took their pending rows into the context the same way (none when k = 0).
-    for one, twin in pairs:
+    # Both drafters took their pending rows (the prompt's too) into the context the same way;
+    # one that drafted nothing did no context work at all (k = 0: its rows still wait).
+    for (one, twin), k in zip(pairs, ks, strict=True):
         assert twin._ctx_len == one._ctx_len and len(twin._pending) == len(one._pending)
-        torch.testing.assert_close(twin._kv[0][0], one._kv[0][0], rtol=1e-4, atol=1e-5)
+        assert bool(one._kv) == bool(k) and len(twin._kv) == len(one._kv)
+        if k:
+            torch.testing.assert_close(twin._kv[0][0], one._kv[0][0], rtol=1e-4, atol=1e-5)
 
 
 def test_lookup_first_drafters_in_a_batch_draft_their_model_steps_together(tiny_targets):

@@ -23,7 +23,11 @@ from dspark.decoding.factory import Drafting
 from dspark.serve.worker import StopStrings
 
 runner = CliRunner()
-TEMPLATE = "{% for m in messages %}<eos>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<mask>{% endif %}"
+# A fixed system turn first, as real templates have (the batch server caches its prefix).
+TEMPLATE = (
+    "<eos>system: reply with code only.<eos>"
+    "{% for m in messages %}<eos>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<mask>{% endif %}"
+)
 
 
 def free_port() -> int:
@@ -567,13 +571,25 @@ def test_continuous_batching_serves_each_request_as_alone(server, chat_target, d
         bodies = [{"prompt": f"def f{i}(x):", "max_tokens": 10 + 7 * i, "temperature": 0} for i in range(5)] + [
             {"prompt": "a b a b", "max_tokens": 30, "temperature": 0, "stop": ["b a"]}
         ]
+        # Two chat turns too: their prompts start with the template's system turn, whose
+        # cached prefix the batch server copies in at prefill.
+        paths = ["/v1/completions"] * len(bodies) + ["/v1/chat/completions"] * 2
+        bodies += [
+            {"messages": [{"role": "user", "content": c}], "max_tokens": 14, "temperature": 0}
+            for c in ("sort a list", "x = 1")
+        ]
+
+        def text(answer) -> str:
+            choice = answer["choices"][0]
+            return choice["message"]["content"] if "message" in choice else choice["text"]
+
         expected = [
-            httpx.post(f"{server}/v1/completions", json=b, timeout=120).json()["choices"][0]["text"] for b in bodies
+            text(httpx.post(f"{server}{u}", json=b, timeout=120).json()) for u, b in zip(paths, bodies, strict=True)
         ]
         answers: dict[int, object] = {}
 
         def ask(i):
-            r = httpx.post(f"{batched}/v1/completions", json=bodies[i], timeout=120)
+            r = httpx.post(f"{batched}{paths[i]}", json=bodies[i], timeout=120)
             answers[i] = r.json()
 
         def hang_up():
@@ -594,8 +610,14 @@ def test_continuous_batching_serves_each_request_as_alone(server, chat_target, d
         for t in threads:
             t.join()
         for i, body in enumerate(bodies):
-            assert answers[i]["choices"][0]["text"] == expected[i], body
+            assert text(answers[i]) == expected[i], body
             assert answers[i]["spec_decode"]["accept_len"] >= 1.0
+        # The chat turns' system-turn prefix came from the cache (the completions have none).
+        metrics = httpx.get(f"{batched}/metrics").text
+        hits = sum(
+            float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("vllm:prefix_cache_hits")
+        )
+        assert hits >= 2 * 4, metrics
         deadline = time.monotonic() + 30  # the hung-up stream is cut at its next step
         while 'finished_reason="abort"} 1' not in httpx.get(f"{batched}/metrics").text:
             assert time.monotonic() < deadline, "the abandoned request was not aborted"

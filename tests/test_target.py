@@ -133,8 +133,9 @@ def test_one_prompt_encoding_for_every_path(tiny_target_dirs, tmp_path):
     """generate (chat or not), serve, bench and datagen all encode through encode_prompt."""
     from transformers import AutoTokenizer
 
+    from dspark.interop.tiny_targets import SIMPLE_CHAT_TEMPLATE as TEMPLATE
     from dspark.interop.tiny_targets import with_chat_template
-    from dspark.target.prompts import encode_prompt
+    from dspark.target.prompts import chat_prefix, encode_prompt
 
     plain = AutoTokenizer.from_pretrained(tiny_target_dirs["qwen3"])
     assert encode_prompt(plain, "def f():") == plain("def f():")["input_ids"]  # no template: the text
@@ -146,6 +147,14 @@ def test_one_prompt_encoding_for_every_path(tiny_target_dirs, tmp_path):
         and encode_prompt(chat, "def f():")[-1] == chat.mask_token_id
     )
     assert encode_prompt(chat, "def f():", chat=False) == chat("def f():")["input_ids"]
+    # The prefix every chat turn starts with (a prefix cache's key): the template's system turn.
+    system = AutoTokenizer.from_pretrained(
+        with_chat_template(tiny_target_dirs["qwen3"], tmp_path / "system", "<eos>system: be brief.<eos>" + TEMPLATE)
+    )
+    head = chat_prefix(system)
+    assert len(head) >= 4 and all(encode_prompt(system, t)[: len(head)] == head for t in ("def f():", "x", "1 2"))
+    assert system.decode(head).startswith("<eos>system: be brief.")
+    assert chat_prefix(plain) == [] and chat_prefix(chat) == []  # no template; a 1-token head
 
 
 def test_each_forward_captures_the_layers_it_asks_for(tiny_targets):

@@ -250,8 +250,9 @@ class DSparkDrafter:
     def begin(self, prompt_ids: torch.Tensor, prompt_aux: torch.Tensor | None) -> None:
         if prompt_aux is None:
             raise ValueError("DSparkDrafter needs the target's aux hidden states")
-        self._kv, self._ctx_len, self._pending = [], 0, []
-        self._extend(prompt_aux)
+        # The prompt joins the context at the first drafting step, with what is accepted
+        # before it: a sequence that never drafts (a batch under load) costs nothing here.
+        self._kv, self._ctx_len, self._pending = [], 0, [prompt_aux]
 
     def accept(self, token_ids: torch.Tensor, aux: torch.Tensor | None) -> None:
         """Verified tokens' states join the context at the next drafting step (in one call):
@@ -387,10 +388,14 @@ def propose_batch(
         for d, a in waiting:
             n = a.shape[0]
             piece = [(k[:, :, start : start + n], v[:, :, start : start + n]) for k, v in new]
-            d._kv = [
-                (torch.cat([k0, k1], dim=2), torch.cat([v0, v1], dim=2))
-                for (k0, v0), (k1, v1) in zip(d._kv, piece, strict=True)
-            ]
+            d._kv = (
+                [
+                    (torch.cat([k0, k1], dim=2), torch.cat([v0, v1], dim=2))
+                    for (k0, v0), (k1, v1) in zip(d._kv, piece, strict=True)
+                ]
+                if d._kv
+                else piece
+            )
             d._ctx_len += n
             d._pending = []
             start += n
@@ -520,9 +525,9 @@ class Eagle3Drafter:
                 f"{self.model.fc.in_features}: capture layers {list(self.aux_layer_ids)} in the target forward"
             )
         self._k = self._v = None
-        self._queued = []
         self._next_pos = 1
-        self._add_pairs(prompt_aux[:-1], prompt_ids[1:])
+        # The prompt's pairs join the cache at the first drafting step, as accepted ones do.
+        self._queued = [(prompt_aux[:-1], prompt_ids[1:])]
         self._pending = prompt_aux[-1:]
 
     def accept(self, token_ids: torch.Tensor, aux: torch.Tensor | None) -> None:

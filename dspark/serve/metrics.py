@@ -9,7 +9,10 @@ and ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="k"}``. Also
 ``_waiting`` and the ``vllm:e2e_request_latency_seconds`` and
 ``vllm:request_queue_time_seconds`` histograms. Ours: ``dspark:requests_rejected_total``
 (429s), ``dspark:request_errors_total``, and with ``--prompt-lookup``
-``dspark:spec_decode_lookup_steps_total`` (verification steps the lookup drafted).
+``dspark:spec_decode_lookup_steps_total`` (verification steps the lookup drafted). With
+``--batch``: ``dspark:batch_steps_total``, ``dspark:batch_sequence_steps_total``,
+``dspark:batch_draft_tokens_total`` and vLLM's ``vllm:prefix_cache_queries_total`` /
+``vllm:prefix_cache_hits_total`` (prompt tokens prefilled / copied from the prefix cache).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ _HELP = {
     "dspark:batch_steps": "Batched target forwards (--batch).",
     "dspark:batch_sequence_steps": "Sequences advanced, summed over batched forwards (batch size = this / steps).",
     "dspark:batch_draft_tokens": "Draft tokens verified in batched forwards (per sequence-step: / sequence steps).",
+    "vllm:prefix_cache_queries": "Prompt tokens prefilled with --batch (the prefix cache's queries).",
+    "vllm:prefix_cache_hits": "Prompt tokens copied from the prefix cache (the chat template's system turn).",
 }
 
 

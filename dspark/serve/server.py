@@ -92,11 +92,15 @@ def build_app(opts: ServeOptions):
         # (default 2048) per slot, plus room for one verification block.
         from dspark.decoding.batch import BatchedEngine, LoadAwareDraftLength, Sequence, measure_batch_cost
         from dspark.decoding.drafters import fork_drafter
+        from dspark.target.prompts import chat_prefix
         from dspark.target.slots import SlotDecoder
 
         target = load_target()
         decoder = SlotDecoder(target.model, slots=opts.batch, max_len=batch_len(target) + k + 1)
         decoder.check()  # refuses an architecture the slot decoder does not reproduce
+        # Every chat request starts with the template's system turn: its keys and values are
+        # computed once and copied into each slot at prefill.
+        decoder.set_prefix(chat_prefix(target.tokenizer))
         # The batch's own draft-length rule replaces the one-sequence cost model.
         base = replace(drafting, cost_model=None).build(target) if speculative else None
         capture = tuple(base.aux_layer_ids) if base is not None else ()

@@ -303,6 +303,8 @@ class BatchWorker(Worker):
                     seq = self.new_sequence(job)
                     self._running[seq] = (job, StopStrings(self.decode, job.stop), time.monotonic())
                     first = engine.add(seq)
+                    self.metrics.inc("vllm:prefix_cache_queries", len(seq.prompt))
+                    self.metrics.inc("vllm:prefix_cache_hits", engine.decoder.last_prefill_cached)
                 except Exception as exc:  # noqa: BLE001 - one bad request must not stop the worker
                     self._running.pop(seq, None)
                     job.emit(Failed(f"{type(exc).__name__}: {exc}"))

@@ -20,3 +20,14 @@ def encode_prompt(tokenizer, prompt, *, chat: bool = True) -> list[int]:
         return list(ids)
     text = "\n".join(m["content"] for m in messages)
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def chat_prefix(tokenizer) -> list[int]:
+    """The token ids every one-user-turn chat prompt starts with (the template's system turn
+    and the user turn's header), for a prefix cache; empty without a chat template."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return []
+    from dspark.target.slots import shared_prefix
+
+    # Messages unlike each other in their first character, so no tokenizer merges them alike.
+    return shared_prefix([encode_prompt(tokenizer, m) for m in ("a", "Z 1", "7 ?", "(x)")])

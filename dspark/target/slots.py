@@ -73,6 +73,8 @@ class SlotDecoder:
         self._slot_index = torch.arange(self.slots, device=self.device)
         self._prefix: list[int] | None = None
         self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._prefix_states: list[torch.Tensor] = []  # its layer inputs and final state, for capture
+        self.last_prefill_cached = 0  # prompt tokens the last prefill copied from the prefix cache
 
     # ------------------------------------------------------------------ cache room
     def _resize(self, alloc: int) -> None:
@@ -155,25 +157,30 @@ class SlotDecoder:
         """Start ``slot`` over with ``ids``; the logits [V] of its last position. A prompt that
         begins with the prefix set by `set_prefix` copies its cached keys and values and
         computes only the rest. With ``capture`` (layer ids, as `TargetModel.forward` takes
-        them; no prefix reuse then): ``(logits, aux [t, len(capture)·H])``."""
+        them): ``(logits, aux [t, len(capture)·H])``, the prefix's rows from its cache too."""
         t = len(ids)
         if not 0 < t < self.max_len:
             raise DSparkError(f"a prompt of {t} tokens does not fit a slot of {self.max_len}")
         self._ensure(t + 1)
-        if capture:
-            states: dict[int, torch.Tensor] = {}
-            h = self._run_prompt(slot, ids, 0, states, tuple(capture))
-            self.lengths[slot] = t
-            return self._logits(h[0, -1]), self._aux(states, capture, h)[0]
         past = 0
         if self._prefix is not None and t > len(self._prefix) and list(ids[: len(self._prefix)]) == self._prefix:
             past = len(self._prefix)
             for i in range(len(self.layers)):
                 self.k[i][slot, :, :past] = self._prefix_kv[i][0]
                 self.v[i][slot, :, :past] = self._prefix_kv[i][1]
-        h = self._run_prompt(slot, ids[past:], past)
+        capture = tuple(capture)
+        states: dict[int, torch.Tensor] = {}
+        h = self._run_prompt(slot, ids[past:], past, states, capture)
         self.lengths[slot] = t
-        return self._logits(h[0, -1])
+        self.last_prefill_cached = past
+        if not capture:
+            return self._logits(h[0, -1])
+        aux = self._aux(states, capture, h)[0]
+        if past:
+            cached = self._prefix_states
+            head = self._aux({i: cached[i][None] for i in capture if i < len(self.layers)}, capture, cached[-1][None])
+            aux = torch.cat([head[0], aux])
+        return self._logits(h[0, -1]), aux
 
     def _aux(self, states: dict[int, torch.Tensor], capture: Sequence[int], h: torch.Tensor) -> torch.Tensor:
         """[B, T, len(capture)·H]: id i is the input of layer i, id ``len(layers)`` the final
@@ -209,15 +216,21 @@ class SlotDecoder:
     @torch.inference_mode()
     def set_prefix(self, ids: Sequence[int]) -> None:
         """Cache the keys and values of a prefix many prompts share (a chat template's system
-        turn), so `prefill` computes it once. Uses slot 0 as scratch; call before decoding."""
+        turn), so `prefill` computes it once; its layer inputs too, for prompts whose prefill
+        captures states. Uses slot 0 as scratch; call while no sequence is in a slot."""
         ids = list(ids)
         if not ids:
-            self._prefix, self._prefix_kv = None, []
+            self._prefix, self._prefix_kv, self._prefix_states = None, [], []
             return
+        if len(ids) + 1 >= self.max_len:
+            raise DSparkError(f"a prefix of {len(ids)} tokens does not fit a slot of {self.max_len}")
         self._ensure(len(ids) + 1)
-        self._run_prompt(0, ids, 0)
+        states: dict[int, torch.Tensor] = {}
+        everything = tuple(range(len(self.layers)))
+        h = self._run_prompt(0, ids, 0, states, everything)
         n = len(ids)
         self._prefix_kv = [(k[0, :, :n].clone(), v[0, :, :n].clone()) for k, v in zip(self.k, self.v, strict=True)]
+        self._prefix_states = [states[i][0] for i in everything] + [h[0]]
         self._prefix = ids
         self.lengths[0] = 0
 
