@@ -12,6 +12,9 @@
 #   SLOTS=N     sequences decoded together per worker (default 128)
 #   WORKERS=N   worker processes of one torch thread each (default 2: ~1.4x one two-threaded process)
 #   MAGPIE=N    model-written prompts sampled for phase 2 (default 8000)
+#   PHASES="1 2 3"  the phases to run (default all; a corpus grown elsewhere skips to PHASES=3)
+# Phase 3: code requests the target writes itself (Magpie with code openings, MAGPIE_CODE=N,
+# default 4000): the first 9,299 rows held 14% code, the 31,895-row corpus 4%.
 # Commit the new shards and corpus/*/manifest.json afterwards (each shard once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,13 +32,31 @@ grow() {
     --slots "${SLOTS:-128}" --workers "${WORKERS:-2}" --threads 1 --dtype bfloat16 \
     --max-new-tokens 256 --shard-rows 1000 ${LIMIT:+--limit "$LIMIT"}
 }
-[ -f "$C/pool.jsonl" ] || .venv/bin/dspark corpus prompts --out "$C/pool.jsonl" --sharegpt "$SHAREGPT"
-grow "$C/pool.jsonl"
-[ -n "${LIMIT:-}" ] && exit 0
-if [ ! -f "$C/pool2.jsonl" ]; then
-  .venv/bin/dspark corpus followups --corpus "$CORPUS" --sharegpt "$SHAREGPT" --out "$C/followups.jsonl" --force
-  [ -f "$C/magpie.jsonl" ] || .venv/bin/dspark corpus magpie --out "$C/magpie.jsonl" --count "${MAGPIE:-8000}"
-  .venv/bin/dspark corpus prompts --out "$C/pool2.jsonl" --sharegpt "$SHAREGPT" \
-    --extra sharegpt_turn2="$C/followups.jsonl" --extra magpie="$C/magpie.jsonl"
+PHASES=" ${PHASES:-1 2 3} "
+if [[ $PHASES == *" 1 "* ]]; then
+  [ -f "$C/pool.jsonl" ] || .venv/bin/dspark corpus prompts --out "$C/pool.jsonl" --sharegpt "$SHAREGPT"
+  grow "$C/pool.jsonl"
+  [ -n "${LIMIT:-}" ] && exit 0
 fi
-grow "$C/pool2.jsonl"
+if [[ $PHASES == *" 2 "* ]]; then
+  if [ ! -f "$C/pool2.jsonl" ]; then
+    .venv/bin/dspark corpus followups --corpus "$CORPUS" --sharegpt "$SHAREGPT" --out "$C/followups.jsonl" --force
+    [ -f "$C/magpie.jsonl" ] || .venv/bin/dspark corpus magpie --out "$C/magpie.jsonl" --count "${MAGPIE:-8000}"
+    .venv/bin/dspark corpus prompts --out "$C/pool2.jsonl" --sharegpt "$SHAREGPT" \
+      --extra sharegpt_turn2="$C/followups.jsonl" --extra magpie="$C/magpie.jsonl"
+  fi
+  grow "$C/pool2.jsonl"
+fi
+if [[ $PHASES == *" 3 "* ]]; then
+  openings=("Write a Python function that" "Write a Python class" "Write a Python script that"
+    "How do I use Python to" "Fix the bug in this Python code:" "Explain what this Python code does:"
+    "Write a JavaScript function that" "Write a SQL query that" "Write a bash script that"
+    "Write a C++ program that" "Write a unit test for" "Refactor this code:")
+  starts=()
+  for o in "${openings[@]}"; do starts+=(--start "$o"); done
+  [ -f "$C/magpie-code.jsonl" ] || .venv/bin/dspark corpus magpie --out "$C/magpie-code.jsonl" \
+    --count "${MAGPIE_CODE:-4000}" --seed 100000 "${starts[@]}"
+  [ -f "$C/pool3.jsonl" ] || .venv/bin/dspark corpus prompts --out "$C/pool3.jsonl" --sharegpt "$SHAREGPT" \
+    --extra magpie_code="$C/magpie-code.jsonl"
+  grow "$C/pool3.jsonl"
+fi

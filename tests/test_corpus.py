@@ -247,9 +247,14 @@ def test_multi_turn_and_magpie_sources(tiny_target_dirs, tiny_targets, tmp_path)
     try:
         engine = make_engine("slots", target, slots=4, max_new_tokens=24, temperature=1.0, seed=3)
         made = magpie_prompts(engine, 8, min_chars=1)
+        # Openings steer the turns: each row begins with its opening, the target writes the rest.
+        starts = ["def sort", "Write a class"]
+        steered = magpie_prompts(engine, 6, starts=starts, min_chars=1)
     finally:
         target.tokenizer = saved
     assert 1 <= len(made) <= 8 and len(set(made)) == len(made)
+    assert steered and all(t.startswith(tuple(starts)) for t in steered)
+    assert {t.startswith("def sort") for t in steered} == {True, False}  # rows take the openings in turn
     with pytest.raises(DSparkError, match="chat template"):
         magpie_prefix(tok)
 

@@ -86,6 +86,13 @@ def magpie_cmd(
     slots: Annotated[int, typer.Option(min=1, help="Sequences sampled together.")] = 64,
     seed: Annotated[int, typer.Option(help="Row i samples with seed + i.")] = 0,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "bfloat16",
+    start: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An opening of the user turn the target completes (repeat it: rows take them in turn), "
+            "e.g. --start 'Write a Python function' for code requests."
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
 ) -> None:
     """Prompts the target writes itself from its chat template's user prefix (Magpie)."""
@@ -103,7 +110,7 @@ def magpie_cmd(
         engine = make_engine(
             "auto", tgt, slots=slots, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
         )
-        prompts = magpie_prompts(engine, count)
+        prompts = magpie_prompts(engine, count, starts=start or ())
         _write_prompts(out, [{"prompt": p} for p in prompts], force)
     except DSparkError as exc:
         _fail(str(exc))

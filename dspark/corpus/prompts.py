@@ -19,7 +19,7 @@ holds every kind.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dspark.corpus import prompt_key
@@ -133,17 +133,24 @@ def magpie_prefix(tokenizer) -> list[int]:
     return with_marker[:n]
 
 
-def magpie_prompts(engine, count: int, *, min_chars: int = 16, progress: bool = True) -> list[str]:
+def magpie_prompts(
+    engine, count: int, *, starts: Sequence[str] = (), min_chars: int = 16, progress: bool = True
+) -> list[str]:
     """``count`` user turns the target writes itself from `magpie_prefix` (sampled: the engine
-    must sample, each row with its own seed), cleaned, deduplicated, in the order made."""
+    must sample, each row with its own seed), cleaned, deduplicated, in the order made.
+    ``starts``: openings of the user turn (row i begins with ``starts[i % len(starts)]`` and the
+    target writes the rest), to steer the turns to a kind of request, e.g. code."""
     from tqdm import tqdm
 
     tok = engine.target.tokenizer
     prefix = magpie_prefix(tok)
+    openings = list(starts) or [""]
+    heads = [prefix + tok(o, add_special_tokens=False)["input_ids"] if o else prefix for o in openings]
+    rows = [heads[i % len(heads)] for i in range(count)]
     out, seen = [], set()
-    made = list(tqdm(engine.run([prefix] * count), total=count, desc="magpie", unit="turn", disable=not progress))
-    for _, ids in sorted(made):
-        text = tok.decode(ids, skip_special_tokens=True).strip()
+    made = list(tqdm(engine.run(rows), total=count, desc="magpie", unit="turn", disable=not progress))
+    for i, ids in sorted(made):
+        text = (openings[i % len(openings)] + tok.decode(ids, skip_special_tokens=True)).strip()
         key = prompt_key(text)
         if len(text) >= min_chars and key not in seen:
             seen.add(key)
