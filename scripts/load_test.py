@@ -2,13 +2,17 @@
 
 For each mode (`--modes`: DSpark at a fixed draft length, DSpark with the cost-model draft
 length, the same with prompt lookup first, plain decoding; a ``-batch`` mode serves with
-continuous batching, ``--batch`` = the largest level) it starts a server, then runs 64
-greedy chat requests at 1, 4 and 16 (``--levels``) concurrent clients. The 1-client pass is the sequential
-reference; every output at 4 and 16 clients must equal it, and every mode's sequential
-outputs must equal plain decoding's. Reports errors, p50 / p95 latency and total tok/s per
-level, and writes JSON (with provenance) and markdown:
+continuous batching, ``--batch`` = the largest level) it starts a server (one after another,
+each alone while it loads and measures its step cost), then runs 64 greedy chat requests at
+1, 4 and 16 (``--levels``) concurrent clients, the modes taking turns at each level so that
+the machine's drift falls on all of them alike; ``--rounds N`` repeats the sweep, every other
+round in the reverse order of modes (tok/s is the mean over rounds; latencies pool them).
+The first 1-client pass is a mode's sequential reference; every output at every level and
+round must equal it, and every mode's sequential outputs must equal plain decoding's.
+Reports errors, p50 / p95 latency and total tok/s per level, and writes JSON (with
+provenance) and markdown:
 
-    .venv/bin/python scripts/load_test.py [--target DIR] [--draft DIR] [--requests 64] [--max-tokens 32]
+    .venv/bin/python scripts/load_test.py [--target DIR] [--draft DIR] [--requests 64] [--max-tokens 32] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ def table_row(r: dict) -> str:
     batch = f" {r['mean_batch_size']:.1f} | {r['drafts_per_sequence_step']:.2f} |" if "mean_batch_size" in r else " | |"
     return (
         f"| {r['mode']} (k={r['num_speculative_tokens']}) | {r['clients']} | {r['requests']} | {r['errors']} | "
-        f"{r['outputs_equal_to_sequential']}/{r['requests']} | "
+        f"{r['outputs_equal_to_sequential']}/{r['requests'] * r.get('rounds', 1)} | "
         f"{r.get('sequential_equal_to_plain', '—')}/{r['requests']} | {r['p50_latency_s']:.2f} | "
         f"{r['p95_latency_s']:.2f} | {r['tokens_per_second']:.1f} | {r['mean_accept_len']:.2f} |" + batch
     )
@@ -128,6 +132,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
     parser.add_argument("--k", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=1, help="sweeps of every level and mode (modes alternate order)")
     parser.add_argument(
         "--modes",
         default="dspark,dspark-cost,plain",
@@ -157,50 +162,77 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in known]:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {sorted(known)}")
-    sequential = {}
-    for label in modes:
-        k, extra = known[label]
-        proc, base = start(args, k, extra)
-        try:
-            reference = None
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    sequential: dict[str, list] = {}
+    measured: dict[tuple[str, int], list[dict]] = {}  # (mode, clients) -> one entry per round
+    try:
+        for label in modes:  # one after another: each loads and measures its step cost alone
+            servers[label] = start(args, known[label][0], known[label][1])
+        for rnd in range(args.rounds):
+            order = modes if rnd % 2 == 0 else modes[::-1]
             for clients in args.levels:
-                before = httpx.get(f"{base}/metrics", timeout=10).text
-                results, wall = run_level(base, prompts, clients, args.max_tokens)
-                after = httpx.get(f"{base}/metrics", timeout=10).text
-                batch = {n: counter(after, n) - counter(before, n) for n in BATCH_COUNTERS}
-                errors = [r["error"] for r in results if "error" in r]
-                ok = [r for r in results if "error" not in r]
-                if reference is None:
-                    reference = [r.get("text") for r in results]
-                    sequential[label] = reference
-                mismatches = sum(1 for r, ref in zip(results, reference, strict=True) if r.get("text") != ref)
-                failures += len(errors) + mismatches
-                lat = [r["latency"] for r in ok]
-                tokens = sum(r["tokens"] for r in ok)
-                row = {
-                    "mode": label,
-                    "num_speculative_tokens": k,
-                    "clients": clients,
-                    "requests": len(results),
-                    "errors": len(errors),
-                    "first_errors": errors[:3],
-                    "outputs_equal_to_sequential": len(results) - mismatches,
-                    "p50_latency_s": statistics.median(lat) if lat else None,
-                    "p95_latency_s": pct(lat, 0.95) if lat else None,
-                    "total_tokens": tokens,
-                    "wall_s": wall,
-                    "tokens_per_second": tokens / wall,
-                    "mean_accept_len": statistics.mean(r["accept_len"] for r in ok) if ok else None,
-                }
-                if batch["dspark:batch_steps_total"]:
-                    seq_steps = batch["dspark:batch_sequence_steps_total"]
-                    row["mean_batch_size"] = seq_steps / batch["dspark:batch_steps_total"]
-                    row["drafts_per_sequence_step"] = batch["dspark:batch_draft_tokens_total"] / seq_steps
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-        finally:
+                for label in order:
+                    base = servers[label][1]
+                    before = httpx.get(f"{base}/metrics", timeout=10).text
+                    results, wall = run_level(base, prompts, clients, args.max_tokens)
+                    after = httpx.get(f"{base}/metrics", timeout=10).text
+                    batch = {n: counter(after, n) - counter(before, n) for n in BATCH_COUNTERS}
+                    if label not in sequential:
+                        sequential[label] = [r.get("text") for r in results]
+                    entry = {"round": rnd, "results": results, "wall": wall, "batch": batch}
+                    measured.setdefault((label, clients), []).append(entry)
+                    ok = [r for r in results if "error" not in r]
+                    print(
+                        json.dumps(
+                            {"round": rnd, "mode": label, "clients": clients, "errors": len(results) - len(ok)}
+                            | {"tokens_per_second": sum(r["tokens"] for r in ok) / wall}
+                        ),
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        for proc, _ in servers.values():
             proc.send_signal(signal.SIGTERM)
+        for proc, _ in servers.values():
             proc.wait(timeout=120)
+    for label in modes:
+        k = known[label][0]
+        reference = sequential[label]
+        for clients in args.levels:
+            entries = measured[(label, clients)]
+            results = [r for e in entries for r in e["results"]]
+            errors = [r["error"] for r in results if "error" in r]
+            ok = [r for r in results if "error" not in r]
+            mismatches = sum(
+                1 for e in entries for r, ref in zip(e["results"], reference, strict=True) if r.get("text") != ref
+            )
+            failures += len(errors) + mismatches
+            lat = [r["latency"] for r in ok]
+            per_round = [sum(r["tokens"] for r in e["results"] if "error" not in r) / e["wall"] for e in entries]
+            row = {
+                "mode": label,
+                "num_speculative_tokens": k,
+                "clients": clients,
+                "requests": len(prompts),
+                "rounds": len(entries),
+                "errors": len(errors),
+                "first_errors": errors[:3],
+                "outputs_equal_to_sequential": len(results) - mismatches,
+                "p50_latency_s": statistics.median(lat) if lat else None,
+                "p95_latency_s": pct(lat, 0.95) if lat else None,
+                "total_tokens": sum(r["tokens"] for r in ok),
+                "wall_s": sum(e["wall"] for e in entries),
+                "tokens_per_second": statistics.mean(per_round),
+                "tokens_per_second_per_round": per_round,
+                "mean_accept_len": statistics.mean(r["accept_len"] for r in ok) if ok else None,
+            }
+            steps = sum(e["batch"]["dspark:batch_steps_total"] for e in entries)
+            if steps:
+                seq_steps = sum(e["batch"]["dspark:batch_sequence_steps_total"] for e in entries)
+                row["mean_batch_size"] = seq_steps / steps
+                drafts = sum(e["batch"]["dspark:batch_draft_tokens_total"] for e in entries)
+                row["drafts_per_sequence_step"] = drafts / seq_steps
+            rows.append(row)
     if "plain" in sequential:
         for row in rows:
             same = sum(a == b for a, b in zip(sequential[row["mode"]], sequential["plain"], strict=True))
@@ -212,6 +244,8 @@ def main() -> None:
             "requests": args.requests,
             "max_tokens": args.max_tokens,
             "levels": args.levels,
+            "rounds": args.rounds,
+            "order": "servers started one by one; at each level the modes take turns, reversed every other round",
             "greedy": True,
             "endpoint": "/v1/chat/completions",
             "prompts": "gsm8k + humaneval, half each",
