@@ -118,19 +118,14 @@ def followup_prompts(
 def magpie_prefix(tokenizer) -> list[int]:
     """The chat template up to where a user's message starts (the Magpie method: the target,
     given only this, writes a user turn itself)."""
-    from dspark.target.prompts import encode_prompt
+    from dspark.target.prompts import user_turn_prefix
 
-    marker = "\u2063MAGPIE\u2063"
-    with_marker = encode_prompt(tokenizer, marker)
-    plain = encode_prompt(tokenizer, "")
-    n = 0
-    while n < min(len(with_marker), len(plain)) and with_marker[n] == plain[n]:
-        n += 1
-    if n == 0 or not getattr(tokenizer, "chat_template", None):
+    head = user_turn_prefix(tokenizer)
+    if not head:
         from dspark.errors import DSparkError
 
         raise DSparkError("Magpie prompts need a chat template to start the user's turn")
-    return with_marker[:n]
+    return head
 
 
 def magpie_prompts(

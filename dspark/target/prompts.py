@@ -22,12 +22,21 @@ def encode_prompt(tokenizer, prompt, *, chat: bool = True) -> list[int]:
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
-def chat_prefix(tokenizer) -> list[int]:
-    """The token ids every one-user-turn chat prompt starts with (the template's system turn
-    and the user turn's header), for a prefix cache; empty without a chat template."""
+def user_turn_prefix(tokenizer) -> list[int]:
+    """The chat template's tokens up to where a one-turn user message starts (its system turn
+    and the user turn's header); empty without a chat template."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return []
-    from dspark.target.slots import shared_prefix
+    with_marker = encode_prompt(tokenizer, "\u2063MAGPIE\u2063")
+    plain = encode_prompt(tokenizer, "")
+    n = 0
+    while n < min(len(with_marker), len(plain)) and with_marker[n] == plain[n]:
+        n += 1
+    return with_marker[:n]
 
-    # Messages unlike each other in their first character, so no tokenizer merges them alike.
-    return shared_prefix([encode_prompt(tokenizer, m) for m in ("a", "Z 1", "7 ?", "(x)")])
+
+def chat_prefix(tokenizer, minimum: int = 4) -> list[int]:
+    """`user_turn_prefix` as a prefix cache's key: empty when shorter than ``minimum`` tokens
+    (caching it would save nothing)."""
+    head = user_turn_prefix(tokenizer)
+    return head if len(head) >= minimum else []
