@@ -230,6 +230,39 @@ def test_greedy_batch_with_the_load_aware_length_is_unchanged(tiny_targets):
     assert rule.chosen and all(0 <= k <= 3 for k in rule.chosen)
 
 
+def test_a_sequence_alone_drafts_by_its_confidence_head(tiny_targets):
+    from dspark.decoding.batch import BatchStepCost, LoadAwareDraftLength
+
+    target = tiny_targets["qwen3"]
+    torch.manual_seed(0)
+    base = DSparkDrafter(untrained_drafter(target), target_vocab_size=target.vocab_size)
+    assert base.model.confidence_head is not None
+    tok = target.tokenizer
+    prompt = tok(PROMPTS[0])["input_ids"]
+    ref = SpeculativeEngine(target).generate(prompt, max_new_tokens=16, stop_token_ids=set())
+    widths = (1, 2, 3, 4)
+    drafted = {}
+    # Alone, each extra token verified costs as much as the first (drafting never pays at an
+    # untrained head's ~0.5 confidences), or nothing (drafting always pays); at 4 sequences
+    # the rule's own table.
+    for name, alone in (("dear", (0.01, 0.02, 0.03, 0.04)), ("free", (0.01,) * 4)):
+        cost = BatchStepCost(batches=(1, 4), widths=widths, seconds=(alone, (0.05,) * 4))
+        rule = LoadAwareDraftLength(cost, 3)
+        engine = BatchedEngine(SlotDecoder(target.model, slots=4, max_len=96), capture=tuple(base.aux_layer_ids))
+        engine.draft_length = rule
+        seq = Sequence(prompt=prompt, max_new_tokens=16, drafter=fork_drafter(base), num_speculative_tokens=3)
+        engine.add(seq)
+        drafts = 0
+        while engine.active:
+            engine.step()
+            drafts += engine.last_step[1]
+        assert seq.tokens == ref.tokens  # the rule changes how many drafts, never the output
+        assert seq.drafter.step_cost is None  # the one-sequence cost was lent for the step only
+        assert rule.chosen == []  # the batch rule was not asked
+        drafted[name] = drafts
+    assert drafted["dear"] == 0 < drafted["free"]
+
+
 @pytest.mark.parametrize(
     "options",
     [

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dspark.decoding.draft_length import StepCost
 from dspark.decoding.drafters import (
     Drafter,
     Proposal,
@@ -173,7 +174,13 @@ class BatchedEngine:
             return []
         rows: list[list[int]] = []
         drafting = [s for s in self.active if s.drafter is not None and s.num_speculative_tokens]
-        cap = self.draft_length.pick(len(self.active)) if self.draft_length is not None and drafting else None
+        # A sequence alone in the batch drafts as the one-sequence engine does with a cost
+        # model: its drafter's confidence head stops the draft slot by slot, priced by the
+        # batch table's one-sequence row (`LoadAwareDraftLength.solo_cost`).
+        solo = self._solo_drafter() if len(self.active) == 1 and drafting else None
+        cap = None
+        if self.draft_length is not None and drafting and solo is None:
+            cap = self.draft_length.pick(len(self.active))
         ks = []
         proposals = [Proposal.empty() for _ in self.active]
         drafters: dict[int, Drafter] = {}  # who drafts for sequence i this step
@@ -196,7 +203,13 @@ class BatchedEngine:
             seqs = [self.active[i] for i in members]
             if len(members) == 1:
                 i, seq = members[0], seqs[0]
-                proposals[i] = drafters[i].propose(seq.tokens[-1], ks[i], seq.params, seq.generator)
+                if solo is not None:
+                    solo.step_cost = self.draft_length.solo_cost()
+                try:
+                    proposals[i] = drafters[i].propose(seq.tokens[-1], ks[i], seq.params, seq.generator)
+                finally:
+                    if solo is not None:
+                        solo.step_cost = None
                 continue
             drafted = propose_batch(
                 [drafters[i] for i in members],
@@ -231,7 +244,9 @@ class BatchedEngine:
             for j in range(min(len(drafts), a + 1)):
                 seq.attempts[j] += 1
                 seq.accepts[j] += int(j < a)
-            if self.draft_length is not None and len(drafts):
+            if self.draft_length is not None and len(drafts) and solo is None:
+                # (A confidence-cut draft reaches the easy slots only: it would bias the
+                # batch rule's acceptance rates upward.)
                 self.draft_length.observe(len(drafts), a)
             if seq.drafter is not None:
                 seq.drafter.accept(
@@ -248,6 +263,21 @@ class BatchedEngine:
         for slot in sorted(done, reverse=True):
             self._finish(slot)
         return emitted
+
+    def _solo_drafter(self):
+        """The model drafter of the batch's one sequence when the confidence rule applies to
+        it: a load-aware engine, a DSpark drafter with a confidence head and no rule of its own."""
+        from dspark.decoding.drafters import DSparkDrafter
+
+        seq = self.active[0]
+        if not isinstance(self.draft_length, LoadAwareDraftLength) or seq.drafter is None:
+            return None
+        drafter = model_drafter_of(seq.drafter)
+        if type(drafter) is not DSparkDrafter or drafter.model.confidence_head is None:
+            return None
+        if drafter.confidence_threshold is not None or drafter.step_cost is not None:
+            return None
+        return drafter
 
     def cancel(self, seq: Sequence) -> None:
         """Take ``seq`` out of the batch now (a client that went away)."""
@@ -393,6 +423,7 @@ class LoadAwareDraftLength:
 
     def __init__(self, cost: BatchStepCost, max_drafts: int, *, decay: float = 0.98) -> None:
         self.cost, self.max_drafts, self.decay = cost, min(max_drafts, cost.widths[-1] - 1), decay
+        self._solo: StepCost | None = None
         self.attempts = [1.0] * self.max_drafts  # prior: one attempt, half accepted
         self.accepts = [0.5] * self.max_drafts
         self.chosen: list[int] = []  # the length picked at each step (for reports)
@@ -415,6 +446,14 @@ class LoadAwareDraftLength:
                 best, best_rate = k, rate
         self.chosen.append(best)
         return best
+
+    def solo_cost(self) -> StepCost:
+        """The one-sequence engine's cost model from the table's batch-of-one row: T(1, m)
+        for 1 .. max_drafts + 1 tokens, drafting included (so no separate draft time)."""
+        if self._solo is None:
+            widths = range(1, self.max_drafts + 2)
+            self._solo = StepCost(tuple(self.cost.step_seconds(1, w) for w in widths), 0.0)
+        return self._solo
 
     def observe(self, drafted: int, accepted: int) -> None:
         """One sequence's step: ``drafted`` drafts verified, the first ``accepted`` accepted."""
