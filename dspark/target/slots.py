@@ -368,7 +368,7 @@ def continuous_generate(
     """Yield ``(prompt index, response ids)`` as each sequence ends (stop token included),
     out of order. Greedy at ``temperature`` 0; else each prompt samples with its own
     generator seeded ``seed + index``, so a row does not depend on its neighbours."""
-    from dspark.decoding.sampling import SamplingParams, probabilities
+    from dspark.decoding.sampling import SamplingParams, probabilities, sample_rows
 
     params = SamplingParams(temperature=temperature, top_p=top_p)
     queue = iter(range(len(prompts)))
@@ -413,10 +413,11 @@ def continuous_generate(
         if active == 0:
             return
         logits = decoder.decode(next_tok[:active], active)
-        chosen = logits.argmax(dim=-1).tolist() if params.greedy else None
+        # (Sampling: each row draws with its own generator.)
+        chosen = logits.argmax(dim=-1).tolist() if params.greedy else sample_rows(logits, params, gens[:active])
         free = []
         for slot in range(active):
-            tok = chosen[slot] if chosen is not None else pick(logits[slot], slot)
+            tok = chosen[slot]
             out[slot].append(tok)
             if tok in stop_ids or len(out[slot]) >= max_new_tokens:
                 done.append((owner[slot], out[slot]))
