@@ -24,6 +24,7 @@ import torch
 from dspark.decoding.draft_length import StepCost
 from dspark.decoding.drafters import (
     Drafter,
+    DSparkDrafter,
     Proposal,
     batch_key,
     draft_without_model,
@@ -267,8 +268,6 @@ class BatchedEngine:
     def _solo_drafter(self):
         """The model drafter of the batch's one sequence when the confidence rule applies to
         it: a load-aware engine, a DSpark drafter with a confidence head and no rule of its own."""
-        from dspark.decoding.drafters import DSparkDrafter
-
         seq = self.active[0]
         if not isinstance(self.draft_length, LoadAwareDraftLength) or seq.drafter is None:
             return None
