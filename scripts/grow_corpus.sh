@@ -12,9 +12,12 @@
 #   SLOTS=N     sequences decoded together per worker (default 128)
 #   WORKERS=N   worker processes of one torch thread each (default 2: ~1.4x one two-threaded process)
 #   MAGPIE=N    model-written prompts sampled for phase 2 (default 8000)
-#   PHASES="1 2 3"  the phases to run (default all; a corpus grown elsewhere skips to PHASES=3)
+#   PHASES="1 2 3"  the phases to run (default 1 2 3; a corpus grown elsewhere skips to PHASES=3)
 # Phase 3: code requests the target writes itself (Magpie with code openings, MAGPIE_CODE=N,
 # default 4000): the first 9,299 rows held 14% code, the 31,895-row corpus 4%.
+# Phase 4 (PHASES=4, repeatable with ROUND=2, 3, ...): MORE=N more Magpie turns (default
+# 12000), a third of them code, sampled with seeds no earlier phase or round used, then
+# answered: ~25 min of sampling and ~50 min of answering per 12,000 on 2 cores.
 # Commit the new shards and corpus/*/manifest.json afterwards (each shard once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +35,13 @@ grow() {
     --slots "${SLOTS:-128}" --workers "${WORKERS:-2}" --threads 1 --dtype bfloat16 \
     --max-new-tokens 256 --shard-rows 1000 ${LIMIT:+--limit "$LIMIT"}
 }
+# The openings of the code requests the target writes itself (phases 3 and 4).
+openings=("Write a Python function that" "Write a Python class" "Write a Python script that"
+  "How do I use Python to" "Fix the bug in this Python code:" "Explain what this Python code does:"
+  "Write a JavaScript function that" "Write a SQL query that" "Write a bash script that"
+  "Write a C++ program that" "Write a unit test for" "Refactor this code:")
+starts=()
+for o in "${openings[@]}"; do starts+=(--start "$o"); done
 PHASES=" ${PHASES:-1 2 3} "
 if [[ $PHASES == *" 1 "* ]]; then
   [ -f "$C/pool.jsonl" ] || .venv/bin/dspark corpus prompts --out "$C/pool.jsonl" --sharegpt "$SHAREGPT"
@@ -48,15 +58,22 @@ if [[ $PHASES == *" 2 "* ]]; then
   grow "$C/pool2.jsonl"
 fi
 if [[ $PHASES == *" 3 "* ]]; then
-  openings=("Write a Python function that" "Write a Python class" "Write a Python script that"
-    "How do I use Python to" "Fix the bug in this Python code:" "Explain what this Python code does:"
-    "Write a JavaScript function that" "Write a SQL query that" "Write a bash script that"
-    "Write a C++ program that" "Write a unit test for" "Refactor this code:")
-  starts=()
-  for o in "${openings[@]}"; do starts+=(--start "$o"); done
   [ -f "$C/magpie-code.jsonl" ] || .venv/bin/dspark corpus magpie --out "$C/magpie-code.jsonl" \
     --count "${MAGPIE_CODE:-4000}" --seed 100000 "${starts[@]}"
   [ -f "$C/pool3.jsonl" ] || .venv/bin/dspark corpus prompts --out "$C/pool3.jsonl" --sharegpt "$SHAREGPT" \
     --extra magpie_code="$C/magpie-code.jsonl"
   grow "$C/pool3.jsonl"
+fi
+if [[ $PHASES == *" 4 "* ]]; then
+  round=${ROUND:-1}
+  more=${MORE:-12000}
+  code=$((more / 3))
+  base=$((1000000 * round))
+  [ -f "$C/magpie-4-$round.jsonl" ] || .venv/bin/dspark corpus magpie --out "$C/magpie-4-$round.jsonl" \
+    --count $((more - code)) --seed "$base"
+  [ -f "$C/magpie-code-4-$round.jsonl" ] || .venv/bin/dspark corpus magpie --out "$C/magpie-code-4-$round.jsonl" \
+    --count "$code" --seed $((base + 500000)) "${starts[@]}"
+  [ -f "$C/pool4-$round.jsonl" ] || .venv/bin/dspark corpus prompts --out "$C/pool4-$round.jsonl" --sharegpt "$SHAREGPT" \
+    --extra magpie="$C/magpie-4-$round.jsonl" --extra magpie_code="$C/magpie-code-4-$round.jsonl"
+  grow "$C/pool4-$round.jsonl"
 fi
