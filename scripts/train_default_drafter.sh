@@ -50,8 +50,11 @@ if [ "${FEATURES:-cache}" = stream ]; then
   configs=()
   for method in $METHODS; do configs+=(--config "recipes/smollm2-135m-$method.yaml"); done
   if [ ${#configs[@]} -gt 0 ]; then
+    # One trainer waits on the target about two thirds of each step with a one-thread target:
+    # the target process gets both cores then (TARGET_THREADS overrides).
+    threads=${TARGET_THREADS:-$([ "$(wc -w <<< "$METHODS")" -eq 1 ] && echo 2 || echo 1)}
     OMP_NUM_THREADS=1 .venv/bin/dspark train "${configs[@]}" --no-progress --set source=online --set target_dtype=bfloat16 \
-      --set train.steps="$steps" "${limit[@]}" > "$C/train-together.log" 2>&1
+      --set target_threads="$threads" --set train.steps="$steps" "${limit[@]}" > "$C/train-together.log" 2>&1
   fi
 else
   .venv/bin/dspark cache-features --data "$C/train.jsonl" --out "$C/features-bf16" --aux-layers 2,15,27 --seq-len 512 \

@@ -247,7 +247,13 @@ def test_recipe_target_dtype_picks_the_features_dtype(tiny_target_dirs, data, tm
     assert source.target.dtype == torch.bfloat16 and fp32.dtype == torch.float32
     assert build_source(load_recipe(cfg), (0, 1), fp32).target is fp32
     online = build_source(load_recipe(cfg, ["source=online", "target_dtype=bfloat16"]), (0, 1))
-    assert online.args[-1] == "bfloat16"
+    assert online.args[-2:] == ("bfloat16", 1)  # dtype, and the worker's one torch thread by default
+    two = build_source(load_recipe(cfg, ["source=online", "target_threads=2"]), (0, 1))
+    assert two.args[-1] == 2
+    with pytest.raises(ConfigError, match="target_threads must be an integer >= 1"):
+        load_recipe(cfg, ["source=online", "target_threads=0"])
+    with pytest.raises(ConfigError, match="target_threads applies to source: online"):
+        load_recipe(cfg, ["source=inprocess", "target_threads=2"])
     with pytest.raises(ConfigError, match="target_dtype must be one of"):
         load_recipe(cfg, ["target_dtype=float16"])
     with pytest.raises(ConfigError, match="a cache records its own dtype"):

@@ -163,6 +163,7 @@ def _worker(
     seed: int,
     limit,
     dtype: str,
+    threads: int,
     start: int,
     count: int,
     q,
@@ -170,7 +171,7 @@ def _worker(
 ):
     from dspark.target import TargetModel
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     try:
         target = TargetModel.from_pretrained(target_dir, dtype=getattr(torch, dtype))
         examples = load_examples(data_path, max_len=max_len)
@@ -207,9 +208,11 @@ class OnlineSource:
         queue_size: int = 4,
         limit: int | None = None,
         dtype: str = "float32",
+        threads: int = 1,
     ) -> None:
-        """``dtype``: what the target computes in (bfloat16: ~1.7x faster on CPUs with AVX512-BF16)."""
-        self.args = (str(target_dir), str(data_path), max_len, tuple(aux_ids), seed, limit, dtype)
+        """``dtype``: what the target computes in (bfloat16: ~1.7x faster on CPUs with AVX512-BF16);
+        ``threads``: the worker's torch threads."""
+        self.args = (str(target_dir), str(data_path), max_len, tuple(aux_ids), seed, limit, dtype, threads)
         self.queue_size = queue_size
         self.wait_seconds = 0.0  # waiting for batches after the first one arrived
         self.startup_seconds = 0.0  # worker start, target load and the first batch

@@ -8,6 +8,7 @@ out: runs/my-drafter
 device: cpu                  # cpu | cuda | cuda:N | auto: where the drafter (and an in-process target) runs
 source: online               # online (target in a worker process) | inprocess | offline (+ cache: DIR)
 target_dtype: float32        # or bfloat16 (~1.7x faster features on CPUs with AVX512-BF16): online, inprocess, ray
+target_threads: 1            # torch threads of the online source's target process (the trainer has its own)
                              # | vllm (+ vllm: {url: URL}: a `dspark vllm-hidden-states` server) | ray
 drafter:                     # init options (or `path:` to continue from a drafter directory)
   layers: 1
@@ -37,6 +38,7 @@ TOP_KEYS = {
     "preset",
     "target",
     "target_dtype",
+    "target_threads",
     "data",
     "out",
     "device",
@@ -62,6 +64,7 @@ class Recipe:
     out: Path
     source: str = "online"
     target_dtype: str = "float32"  # what the target computes features in (online, inprocess, ray)
+    target_threads: int = 1  # torch threads of the online source's target process
     device: str = "cpu"  # cpu, cuda, cuda:N or auto
     cache: Path | None = None  # feature cache directory for source: offline
     ray: dict = field(default_factory=dict)  # RaySource options for source: ray
@@ -139,6 +142,11 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
             f"{src}: target_dtype applies to the sources that run the target here (online, inprocess, ray); "
             f"source: {source} computes its features elsewhere (a cache records its own dtype)"
         )
+    target_threads = raw.get("target_threads", 1)
+    if type(target_threads) is not int or target_threads < 1:
+        raise ConfigError(f"{src}: target_threads must be an integer >= 1, got {target_threads!r}")
+    if target_threads != 1 and source != "online":
+        raise ConfigError(f"{src}: target_threads applies to source: online (its target process), not {source}")
     device = str(raw.get("device", "cpu"))
     if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
         raise ConfigError(f"{src}: device must be cpu, cuda, cuda:N or auto, got {device!r}")
@@ -185,6 +193,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         out=(base / raw["out"]).resolve() if not Path(raw["out"]).is_absolute() else Path(raw["out"]),
         source=source,
         target_dtype=target_dtype,
+        target_threads=target_threads,
         device=device,
         preset=raw.get("preset"),
         drafter=drafter,

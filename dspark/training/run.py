@@ -45,7 +45,7 @@ def build_source(recipe: Recipe, aux, target=None):
 
         return OfflineSource(recipe.cache, aux, seed=recipe.train.seed, limit=limit)
     if recipe.source == "online":  # the worker process loads its own copy of the target
-        return OnlineSource(recipe.target, recipe.data, aux, **streaming)
+        return OnlineSource(recipe.target, recipe.data, aux, threads=recipe.target_threads, **streaming)
     examples = _first(load_examples(recipe.data, max_len=recipe.train.seq_len), limit, recipe.data)
     if recipe.source == "vllm":
         from dspark.training.vllm_source import VllmSource
@@ -102,6 +102,7 @@ def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | Non
                     "data": str(recipe.data),
                     "source": recipe.source,
                     "target_dtype": recipe.target_dtype,
+                    "target_threads": recipe.target_threads,
                     "preset": recipe.preset,
                     "drafter": recipe.drafter,
                     "device": str(device),
