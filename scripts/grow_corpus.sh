@@ -17,7 +17,7 @@
 # default 4000): the first 9,299 rows held 14% code, the 31,895-row corpus 4%.
 # Phase 4 (PHASES=4, repeatable with ROUND=2, 3, ...): MORE=N more Magpie turns (default
 # 12000), a third of them code, sampled with seeds no earlier phase or round used, then
-# answered: ~25 min of sampling and ~50 min of answering per 12,000 on 2 cores.
+# answered (estimated from the rates seen in phase 3: roughly 25 + 50 min per 12,000 on 2 cores).
 # Commit the new shards and corpus/*/manifest.json afterwards (each shard once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
