@@ -7,8 +7,10 @@ each alone while it loads and measures its step cost), then runs 64 greedy chat 
 1, 4 and 16 (``--levels``) concurrent clients, the modes taking turns at each level so that
 the machine's drift falls on all of them alike; ``--rounds N`` repeats the sweep, every other
 round in the reverse order of modes (tok/s is the mean over rounds; latencies pool them).
-The first 1-client pass is a mode's sequential reference; every output at every level and
-round must equal it, and every mode's sequential outputs must equal plain decoding's.
+``--dtypes float32,bfloat16`` serves every mode in each compute dtype (``mode/dtype``), all in
+the one run. The first 1-client pass is a mode's sequential reference; every output at every
+level and round must equal it, and every mode's sequential outputs must equal plain decoding's
+in the same dtype.
 Reports errors, p50 / p95 latency and total tok/s per level, and writes JSON (with
 provenance) and markdown:
 
@@ -139,6 +141,11 @@ def main() -> None:
         help="comma list of dspark, dspark-cost, dspark-cost-lookup (--prompt-lookup 3 too), plain; each with "
         "-batch for continuous batching",
     )
+    parser.add_argument(
+        "--dtypes",
+        default="float32",
+        help="comma list of compute dtypes (float32, bfloat16); more than one serves every mode in each",
+    )
     parser.add_argument("--out", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.json"))
     parser.add_argument("--markdown", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.md"))
     args = parser.parse_args()
@@ -162,6 +169,12 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in known]:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {sorted(known)}")
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if bad := [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]:
+        raise SystemExit(f"unknown dtype(s) {bad}; choose from float32, bfloat16, float16")
+    if len(dtypes) > 1 or dtypes != ["float32"]:  # every server in its dtype; labels say which
+        known = {f"{m}/{d}": (known[m][0], [*known[m][1], "--dtype", d]) for m in modes for d in dtypes}
+        modes = [f"{m}/{d}" for d in dtypes for m in modes]
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
     sequential: dict[str, list] = {}
     measured: dict[tuple[str, int], list[dict]] = {}  # (mode, clients) -> one entry per round
@@ -233,16 +246,20 @@ def main() -> None:
                 drafts = sum(e["batch"]["dspark:batch_draft_tokens_total"] for e in entries)
                 row["drafts_per_sequence_step"] = drafts / seq_steps
             rows.append(row)
-    if "plain" in sequential:
-        for row in rows:
-            same = sum(a == b for a, b in zip(sequential[row["mode"]], sequential["plain"], strict=True))
-            row["sequential_equal_to_plain"] = same
-            failures += len(sequential["plain"]) - same if row["clients"] == args.levels[0] else 0
+    for row in rows:
+        dtype = row["mode"].partition("/")[2]
+        plain = sequential.get("plain" + (f"/{dtype}" if dtype else ""))
+        if plain is None:
+            continue
+        same = sum(a == b for a, b in zip(sequential[row["mode"]], plain, strict=True))
+        row["sequential_equal_to_plain"] = same
+        failures += len(plain) - same if row["clients"] == args.levels[0] else 0
     result = {
         "provenance": finished(meta),
         "settings": {
             "requests": args.requests,
             "max_tokens": args.max_tokens,
+            "dtypes": dtypes,
             "levels": args.levels,
             "rounds": args.rounds,
             "order": "servers started one by one; at each level the modes take turns, reversed every other round",
