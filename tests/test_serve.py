@@ -628,3 +628,26 @@ def test_continuous_batching_serves_each_request_as_alone(server, chat_target, d
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+def test_a_bfloat16_server_serves_what_bfloat16_generate_gives(chat_target, draft):
+    """`dspark serve --dtype bfloat16` loads target and drafter in bf16 (/health says so) and
+    answers with the text `dspark generate --dtype bfloat16` gives."""
+    proc, base = start_server(chat_target, draft, "--num-speculative-tokens", "3", "--dtype", "bfloat16")
+    try:
+        assert httpx.get(f"{base}/health").json()["dtype"] == "bfloat16"
+        served = httpx.post(
+            f"{base}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 24, "temperature": 0}, timeout=120
+        ).json()["choices"][0]["text"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    args = ["generate", "--target", str(chat_target), "--draft", str(draft), "--prompt", "def f(x):"]
+    args += ["--max-new-tokens", "24", "--num-speculative-tokens", "3", "--json", "--no-chat"]
+    texts = {}
+    for dtype in ("bfloat16", "float32"):
+        result = runner.invoke(app, [*args, "--dtype", dtype])
+        assert result.exit_code == 0, result.output
+        texts[dtype] = json.loads(result.stdout)["text"]
+    assert served == texts["bfloat16"]
+    assert texts["bfloat16"] != texts["float32"]  # else this test could not tell the dtypes apart

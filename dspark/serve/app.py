@@ -39,6 +39,7 @@ class ServerConfig:
     num_speculative_tokens: int
     vocab_size: int
     default_max_tokens: int = 256
+    dtype: str = "float32"  # the loaded target's compute dtype
 
 
 class APIError(Exception):
@@ -333,6 +334,7 @@ def create_app(worker: Worker, tokenizer, metrics: Metrics, config: ServerConfig
             "busy": worker.busy.is_set(),
             "speculative": config.speculative,
             "num_speculative_tokens": k,
+            "dtype": config.dtype,
         }
 
     @app.get("/metrics")

@@ -150,6 +150,7 @@ def build_app(opts: ServeOptions):
         speculative=speculative,
         num_speculative_tokens=opts.num_speculative_tokens,
         vocab_size=target.vocab_size,
+        dtype=str(target.dtype).removeprefix("torch."),
     )
     return create_app(worker, tok, metrics, config, shutdown_grace=opts.shutdown_grace), worker
 
