@@ -349,3 +349,29 @@ def test_lookup_first_drafters_in_a_batch_draft_their_model_steps_together(tiny_
         ref = SpeculativeEngine(target).generate(seq.prompt, max_new_tokens=24, stop_token_ids=set())
         assert seq.tokens == ref.tokens
     assert sum(s.drafter.lookup_steps for s in seqs) > 0 and sum(s.drafter.model_steps for s in seqs) > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_bf16_slots_give_a_sequence_the_same_logits_whatever_its_batch(tiny_target_dirs, arch):
+    """In bf16 the logits of a sequence must not depend on the other sequences of its batch:
+    neither on their number (one-row products, `small_rows`) nor on their lengths (CPU
+    attention over the allocated block, whose result does not depend on the block's length;
+    SDPA's kv split follows it). Bitwise, at every step."""
+    from dspark.target import TargetModel
+
+    target = TargetModel.from_pretrained(tiny_target_dirs[arch], dtype=torch.bfloat16)
+    prompt = list(range(3, 40))
+    runs = []
+    for others in ([], [90], [12, 150, 60]):
+        decoder = SlotDecoder(target.model, slots=1 + len(others), max_len=256)
+        logits = [decoder.prefill(0, prompt)]
+        for s, n in enumerate(others, start=1):
+            decoder.prefill(s, [(7 * j + s) % 200 + 3 for j in range(n)])
+        for step in range(6):
+            width = 1 + step % 3  # plain steps and verification blocks
+            rows = [[int(logits[-1].argmax())] * width] + [[5] * (1 + (step + s) % 4) for s in range(len(others))]
+            logits.append(decoder.extend(rows)[0][0][-1])
+            decoder.set_length(0, int(decoder.lengths[0]) - width + 1)  # keep one token a step
+        runs.append(torch.stack(logits))
+    for run in runs[1:]:
+        assert torch.equal(run, runs[0])

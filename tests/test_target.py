@@ -199,8 +199,31 @@ def test_rows_first_linear_computes_the_linear_product(rows, bias):
         if rows > 64:
             assert torch.equal(got, ref)  # long inputs (prefill, features) take F.linear itself
     xb = torch.randn(rows, 48, dtype=torch.bfloat16)
-    assert torch.equal(lin.to(torch.bfloat16)(xb), F.linear(xb, lin.weight, lin.bias))
+    lin = lin.to(torch.bfloat16)
+    if rows > 1:
+        assert torch.equal(lin(xb), F.linear(xb, lin.weight, lin.bias))
+    else:  # one bf16 row: the product of two rows (the kernel every batch of rows takes)
+        assert torch.equal(lin(xb), F.linear(torch.cat([xb, xb]), lin.weight, lin.bias)[:1])
     assert rows_first_linear(layer, False) == 1 and type(layer[0]) is nn.Linear
+
+
+def test_a_bf16_row_gives_the_same_product_alone_and_in_a_batch():
+    """Alone, a bf16 row would take a matrix-vector kernel whose float32 sums run in another
+    order than a matrix product's, and rounded to bf16 some outputs differ (about one in 6,000
+    on the CPU this was written on): a request's text would depend on its batch. Every row
+    now equals its row in any batch."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from dspark.target.small_rows import rows_first_linear
+
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(1536, 576, bias=False)).to(torch.bfloat16)
+    rows_first_linear(layer, True)
+    x = (torch.randn(256, 1536) * 3).to(torch.bfloat16)
+    together = F.linear(x, layer[0].weight)
+    alone = torch.cat([layer[0](x[i : i + 1]) for i in range(len(x))])
+    assert torch.equal(alone, together)
 
 
 def test_target_uses_rows_first_linear_unless_turned_off(tiny_target_dirs, monkeypatch):

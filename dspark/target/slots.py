@@ -64,7 +64,7 @@ class SlotDecoder:
         self.device, self.dtype = p.device, p.dtype
         # The cache holds `alloc` positions per slot: a little more than the longest sequence
         # (a multiple of 64, at most max_len), grown and shrunk as sequences come and go, so a
-        # decode step attends over one contiguous block (see `_attend_decode`).
+        # decode step attends over one contiguous block (see `_attend_block`).
         self.alloc = 0
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -128,20 +128,33 @@ class SlotDecoder:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale)
 
-    def _attend_decode(self, q, k, v, mask):
-        """One query per sequence ``q`` [n, H, 1, D] over the first n slots' whole allocated
-        block ``k`` / ``v`` [n, KV, alloc, D] (contiguous), ``mask`` [n, 1, 1, alloc]. On a
-        CPU two batched matmuls (each kv head's query group in one product) read that block
-        3x faster than SDPA's kernel reads a strided slice of it."""
+    def _attend_block(self, q, k, v, mask, bias=None):
+        """``w`` queries per sequence ``q`` [n, H, w, D] over the first n slots' whole allocated
+        block ``k`` / ``v`` [n, KV, alloc, D] (contiguous), ``mask`` [n, 1, w, alloc] (``bias``:
+        `_block_bias` of it, made once per forward). On a CPU two batched matmuls (each kv
+        head's query group in one product) read that block 3x faster than SDPA's kernel reads a
+        strided slice of it, and a sequence's result does not depend on how long the block is
+        (SDPA's does in bf16: its kv split follows the length), so it does not depend on the
+        other sequences of the batch."""
         if self.device.type != "cpu":
             return self._attend(q, k, v, mask)
-        n, _, _, d = q.shape
+        if bias is None:
+            bias = self._block_bias(mask)
+        n, _, w, d = q.shape
         rep, span = self.heads // self.kv_heads, k.shape[2]
         rows = n * self.kv_heads
-        scores = torch.bmm(q.reshape(rows, rep, d), k.reshape(rows, span, d).transpose(1, 2)).float() * self.scale
-        scores = scores.view(n, self.kv_heads, rep, span).masked_fill(~mask, float("-inf"))
-        weights = torch.softmax(scores, dim=-1).to(v.dtype).view(rows, rep, span)
-        return torch.bmm(weights, v.reshape(rows, span, d)).view(n, self.heads, 1, d)
+        grouped = q.reshape(rows, rep * w, d)  # (kv head, query head of its group, position)
+        scores = torch.bmm(grouped, k.reshape(rows, span, d).transpose(1, 2))
+        scores = torch.add(bias, scores.view(n, self.kv_heads, rep, w, span), alpha=self.scale)  # float32
+        weights = torch.softmax(scores, dim=-1).to(v.dtype).view(rows, rep * w, span)
+        return torch.bmm(weights, v.reshape(rows, span, d)).view(n, self.heads, w, d)
+
+    @staticmethod
+    def _block_bias(mask: torch.Tensor) -> torch.Tensor:
+        """[n, 1, 1, w, span] float32: 0 where ``mask`` [n, 1, w, span] lets a query see a key, -inf
+        elsewhere (added to the scores of every kv head and query head)."""
+        bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        return bias.masked_fill_(~mask, float("-inf"))[:, :, None]
 
     def _finish(self, layer, h, attn_out):
         b, _, t, _ = attn_out.shape
@@ -248,11 +261,12 @@ class SlotDecoder:
         mask = (torch.arange(self.alloc, device=self.device)[None, :] <= lengths[:, None])[:, None, None, :]
         h = self.inner.embed_tokens(tokens.to(self.device)[:, None])
         rows = self._slot_index[:n]
+        bias = self._block_bias(mask) if self.device.type == "cpu" else None
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), lengths[:, None])
             self.k[i][rows, :, lengths] = k[:, :, 0]
             self.v[i][rows, :, lengths] = v[:, :, 0]
-            h = self._finish(layer, h, self._attend_decode(q, self.k[i][:n], self.v[i][:n], mask))
+            h = self._finish(layer, h, self._attend_block(q, self.k[i][:n], self.v[i][:n], mask, bias))
         self.lengths[:n] += 1
         return self._logits(h[:, 0])
 
@@ -278,19 +292,23 @@ class SlotDecoder:
             ids[s, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
         offsets = torch.arange(width, device=self.device)
         positions = lengths[:, None] + offsets[None, :]  # [n, width]
-        # Query j of slot s sees the cached positions <= lengths[s] + j (its own new ones causally).
+        # Query j of slot s sees the cached positions <= lengths[s] + j (its own new ones causally);
+        # on a CPU over the whole allocated block (`_attend_block`), elsewhere over the span.
+        if self.device.type == "cpu":
+            span = self.alloc
         mask = (torch.arange(span, device=self.device)[None, None, :] <= positions[:, :, None])[:, None]
         rows = self._slot_index[:n, None].expand(n, width)
         h = self.inner.embed_tokens(ids.to(self.device))
         capture = tuple(capture)
         states: dict[int, torch.Tensor] = {}
+        bias = self._block_bias(mask) if self.device.type == "cpu" else None
         for i, layer in enumerate(self.layers):
             if i in capture:
                 states[i] = h
             q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), positions)
             self.k[i][rows, :, positions] = k.transpose(1, 2)
             self.v[i][rows, :, positions] = v.transpose(1, 2)
-            attn = self._attend(q, self.k[i][:n, :, :span], self.v[i][:n, :, :span], mask)
+            attn = self._attend_block(q, self.k[i][:n, :, :span], self.v[i][:n, :, :span], mask, bias)
             h = self._finish(layer, h, attn)
         self.lengths[:n] += torch.as_tensor(counts, device=self.device)
         valid = torch.cat([h[s, :c] for s, c in enumerate(counts)])  # [sum t_s, H]

@@ -10,7 +10,10 @@ decoding 16.5 → 25.6 tok/s.
 
 `rows_first_linear(model, on)` gives every plain `nn.Linear` of a model that product for
 1..`MAX_ROWS` rows of float32 on CPU (one row is doubled into two columns: the second is
-dropped); longer inputs (prefill, features), other dtypes and devices keep `F.linear`. The
+dropped); longer inputs (prefill, features), other dtypes and devices keep `F.linear`, except
+one bf16 row on CPU, which is doubled too: alone it would take a matrix-vector kernel that
+sums in another order than the matrix product every batch of 2+ rows takes, and a request's
+bf16 text would then depend on the batch it is served in. The
 sums are the same products added in another order, so results differ from `F.linear` by
 float rounding (~1e-5 relative), as a block forward already differs from one-token
 forwards; greedy speculative decoding stays token-identical to plain decoding in the
@@ -44,6 +47,14 @@ class RowsFirstLinear(nn.Linear):
                 if self.bias is not None:
                     out = out + self.bias
                 return out.contiguous().view(*x.shape[:-1], self.out_features)
+        if rows == 1 and x.dtype == torch.bfloat16 and x.device.type == "cpu":
+            # One bf16 row goes to a matrix-vector kernel that sums in another order than the
+            # matrix product of 2+ rows (whose sums do not depend on the row count); rounded
+            # to bf16 the two differ, and a request's text would depend on its batch. Two
+            # rows keep every product on the one kernel.
+            flat = x.reshape(1, self.in_features)
+            out = F.linear(torch.cat([flat, flat]), self.weight, self.bias)[:1]
+            return out.view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
 
 
