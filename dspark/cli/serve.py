@@ -61,8 +61,7 @@ def serve_cmd(
         DType,
         typer.Option(
             help="Compute dtype of target and drafter. bfloat16 is ~2x the batched throughput on CPUs with "
-            "AVX512-BF16 or AMX, but its greedy text differs from float32's, and with --batch a request's text "
-            "can depend on what it is batched with (docs/serving.md)."
+            "AVX512-BF16 or AMX; its greedy text is bf16's, not float32's (docs/serving.md)."
         ),
     ] = DType.float32,
     print_vllm: Annotated[
