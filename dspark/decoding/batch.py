@@ -204,13 +204,11 @@ class BatchedEngine:
             seqs = [self.active[i] for i in members]
             if len(members) == 1:
                 i, seq = members[0], seqs[0]
+                args = (seq.tokens[-1], ks[i], seq.params, seq.generator)
                 if solo is not None:
-                    solo.step_cost = self.draft_length.solo_cost()
-                try:
-                    proposals[i] = drafters[i].propose(seq.tokens[-1], ks[i], seq.params, seq.generator)
-                finally:
-                    if solo is not None:
-                        solo.step_cost = None
+                    proposals[i] = solo.propose(*args, step_cost=self.draft_length.solo_cost())
+                else:
+                    proposals[i] = drafters[i].propose(*args)
                 continue
             drafted = propose_batch(
                 [drafters[i] for i in members],

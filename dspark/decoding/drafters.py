@@ -262,7 +262,17 @@ class DSparkDrafter:
         self._pending.append(aux)
 
     @torch.inference_mode()
-    def propose(self, anchor: int, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+    def propose(
+        self,
+        anchor: int,
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        *,
+        step_cost: StepCost | None = None,
+    ) -> Proposal:
+        """``step_cost``: price this step's draft by it instead of the drafter's own rule (the
+        batched engine's one-sequence row for a sequence alone in its batch)."""
         cfg, model = self.config, self.model
         k = min(k, cfg.drafts_per_block)
         if k <= 0:
@@ -283,7 +293,7 @@ class DSparkDrafter:
         draft_rows: list[torch.Tensor] = []
         conf: list[torch.Tensor] = []
         survival, expected = 1.0, 1.0
-        cost = self._step_cost
+        cost = self._step_cost if step_cost is None else step_cost
         prev = int(anchor)
         state = None
         for j in range(k):
