@@ -245,3 +245,49 @@ def test_target_uses_rows_first_linear_unless_turned_off(tiny_target_dirs, monke
     torch.testing.assert_close(target.forward(ids).logits, on, rtol=1e-4, atol=1e-4)
     monkeypatch.setenv("DSPARK_SMALL_ROWS", "0")
     assert kinds(TargetModel.from_pretrained(tiny_target_dirs["llama"])) == {nn.Linear}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_bf16_logits_do_not_depend_on_how_the_sequence_was_split(tiny_target_dirs, arch):
+    """The one-sequence engine's bf16 target gives a position the same logits, bit for bit,
+    whether the sequence came in one forward, a token at a time, or in verification-sized
+    blocks after a cropped draft: CPU attention goes through `block_attention`, whose sums do
+    not depend on how many queries or keys come with a row (SDPA's do). So greedy
+    speculative decoding equals plain decoding in bf16 too."""
+    from dspark.target import TargetModel
+
+    target = TargetModel.from_pretrained(tiny_target_dirs[arch], dtype=torch.bfloat16)
+    assert target.block_attention and target.model.config._attn_implementation == "dspark_cpu"
+    seq = torch.tensor([(11 * j) % 90 + 4 for j in range(40)])
+    target.reset()
+    whole = target.forward(seq).logits
+    for split in ([30] + [1] * 10, [25, 4, 3, 8], [33, 7]):
+        target.reset()
+        parts, at = [], 0
+        for n in split:
+            target.forward(torch.tensor([7, 8, 9]))  # a draft, rejected
+            target.crop(at)
+            parts.append(target.forward(seq[at : at + n]).logits)
+            at += n
+        assert torch.equal(torch.cat(parts), whole), split
+
+
+def test_block_attention_is_attention():
+    """`block_attention` computes softmax(q kᵀ · scale + mask) v with grouped kv heads, as SDPA."""
+    import torch.nn.functional as F
+
+    from dspark.target.attention import CHUNK, block_attention, causal_mask
+
+    torch.manual_seed(0)
+    for w, span in ((1, 9), (5, 12), (CHUNK + 40, CHUNK + 50)):
+        q = torch.randn(2, 6, w, 16)
+        k, v = torch.randn(2, 3, span, 16), torch.randn(2, 3, span, 16)
+        mask = causal_mask(w, span, q.device).expand(2, 1, w, span).clone()
+        mask[1, :, :, 0] = False  # a key one sequence may not see
+        got = block_attention(q, k, v, scale=0.3, mask=mask)
+        ref = F.scaled_dot_product_attention(
+            q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), attn_mask=mask, scale=0.3
+        )
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        causal = block_attention(q[:1], k[:1], v[:1], scale=0.3)
+        torch.testing.assert_close(causal, got[:1], rtol=1e-5, atol=1e-5)

@@ -9,6 +9,7 @@ hidden states of the aux layers (speculators convention: id ``i`` = HF
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from dspark.errors import DSparkError
+from dspark.target.attention import use_block_attention
 from dspark.target.small_rows import enabled_by_default, rows_first_linear
 
 
@@ -113,6 +115,9 @@ class TargetModel:
         self.small_rows = False
         if enabled_by_default():
             self.set_small_rows(True)
+        # CPU attention through `dspark.target.attention.block_attention`, as the slot decoder
+        # computes it: a row's sums do not depend on how many queries or keys come with it.
+        self.block_attention = os.environ.get("DSPARK_BLOCK_ATTENTION", "1") != "0" and use_block_attention(model)
 
     def set_small_rows(self, on: bool) -> None:
         """Float32 CPU products of up to 64 rows as W @ xᵀ (`dspark.target.small_rows`); on by

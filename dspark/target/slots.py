@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from dspark.errors import DSparkError
+from dspark.target.attention import block_attention, block_bias
 
 
 class SlotDecoderUnsupportedError(DSparkError):
@@ -131,30 +132,12 @@ class SlotDecoder:
     def _attend_block(self, q, k, v, mask, bias=None):
         """``w`` queries per sequence ``q`` [n, H, w, D] over the first n slots' whole allocated
         block ``k`` / ``v`` [n, KV, alloc, D] (contiguous), ``mask`` [n, 1, w, alloc] (``bias``:
-        `_block_bias` of it, made once per forward). On a CPU two batched matmuls (each kv
-        head's query group in one product) read that block 3x faster than SDPA's kernel reads a
-        strided slice of it, and a sequence's result does not depend on how long the block is
-        (SDPA's does in bf16: its kv split follows the length), so it does not depend on the
-        other sequences of the batch."""
+        `block_bias` of it, made once per forward). On a CPU `block_attention`: two batched
+        matmuls read that block 3x faster than SDPA's kernel reads a strided slice of it, and a
+        sequence's result depends neither on the block's length nor on the other sequences."""
         if self.device.type != "cpu":
             return self._attend(q, k, v, mask)
-        if bias is None:
-            bias = self._block_bias(mask)
-        n, _, w, d = q.shape
-        rep, span = self.heads // self.kv_heads, k.shape[2]
-        rows = n * self.kv_heads
-        grouped = q.reshape(rows, rep * w, d)  # (kv head, query head of its group, position)
-        scores = torch.bmm(grouped, k.reshape(rows, span, d).transpose(1, 2))
-        scores = torch.add(bias, scores.view(n, self.kv_heads, rep, w, span), alpha=self.scale)  # float32
-        weights = torch.softmax(scores, dim=-1).to(v.dtype).view(rows, rep * w, span)
-        return torch.bmm(weights, v.reshape(rows, span, d)).view(n, self.heads, w, d)
-
-    @staticmethod
-    def _block_bias(mask: torch.Tensor) -> torch.Tensor:
-        """[n, 1, 1, w, span] float32: 0 where ``mask`` [n, 1, w, span] lets a query see a key, -inf
-        elsewhere (added to the scores of every kv head and query head)."""
-        bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        return bias.masked_fill_(~mask, float("-inf"))[:, :, None]
+        return block_attention(q, k, v, scale=self.scale, mask=mask, bias=bias)
 
     def _finish(self, layer, h, attn_out):
         b, _, t, _ = attn_out.shape
@@ -217,10 +200,11 @@ class SlotDecoder:
             q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), positions)
             self.k[i][slot, :, past : past + t] = k[0]
             self.v[i][slot, :, past : past + t] = v[0]
-            if past:
-                out = self._attend(
-                    q, self.k[i][slot : slot + 1, :, : past + t], self.v[i][slot : slot + 1, :, : past + t], mask
-                )
+            keys, values = self.k[i][slot : slot + 1, :, : past + t], self.v[i][slot : slot + 1, :, : past + t]
+            if self.device.type == "cpu":  # the same sums as every other step (attention.py)
+                out = block_attention(q, keys, values, scale=self.scale)
+            elif past:
+                out = self._attend(q, keys, values, mask)
             else:
                 out = self._attend(q, k, v, causal=True)
             h = self._finish(layer, h, out)
@@ -261,7 +245,7 @@ class SlotDecoder:
         mask = (torch.arange(self.alloc, device=self.device)[None, :] <= lengths[:, None])[:, None, None, :]
         h = self.inner.embed_tokens(tokens.to(self.device)[:, None])
         rows = self._slot_index[:n]
-        bias = self._block_bias(mask) if self.device.type == "cpu" else None
+        bias = block_bias(mask) if self.device.type == "cpu" else None
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), lengths[:, None])
             self.k[i][rows, :, lengths] = k[:, :, 0]
@@ -301,7 +285,7 @@ class SlotDecoder:
         h = self.inner.embed_tokens(ids.to(self.device))
         capture = tuple(capture)
         states: dict[int, torch.Tensor] = {}
-        bias = self._block_bias(mask) if self.device.type == "cpu" else None
+        bias = block_bias(mask) if self.device.type == "cpu" else None
         for i, layer in enumerate(self.layers):
             if i in capture:
                 states[i] = h
