@@ -77,11 +77,29 @@ def block_attention(
     return torch.bmm(weights, v.view(rows, span, d)).view(n, heads, w, d)
 
 
+# The bias of the last HF forward's mask: every layer of a forward gets the same mask object,
+# so it is built once per forward, not once per layer. Holding the mask keeps the identity
+# test sound (a freed tensor's id could be reused).
+_last_bias: list = []  # [(mask, (w, span, device), bias)], at most one
+
+
+def _bias_for(attention_mask: torch.Tensor | None, w: int, span: int, device) -> torch.Tensor:
+    shape = (w, span, str(device))
+    if _last_bias and _last_bias[0][0] is attention_mask and _last_bias[0][1] == shape:
+        return _last_bias[0][2]
+    if attention_mask is None:
+        bias = block_bias(causal_mask(w, span, device))
+    elif attention_mask.dtype == torch.bool:
+        bias = block_bias(attention_mask[:, :, -w:, -span:])
+    else:  # an additive float mask
+        bias = attention_mask[:, :, None, -w:, -span:].float()
+    _last_bias[:] = [(attention_mask, shape, bias)]
+    return bias
+
+
 def hf_block_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """`block_attention` in the shape of a transformers attention function (CPU only; other
     devices, dropout, soft-capping and sliding windows take SDPA's function)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     plain = (
         query.device.type == "cpu"
         and not dropout
@@ -90,15 +108,12 @@ def hf_block_attention(module, query, key, value, attention_mask, dropout=0.0, s
         and kwargs.get("position_bias") is None
     )
     if not plain:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    mask = bias = None
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            mask = attention_mask[:, :, -query.shape[2] :, -key.shape[2] :]
-        else:  # an additive float mask
-            bias = attention_mask[:, :, None, -query.shape[2] :, -key.shape[2] :].float()
-    out = block_attention(query, key, value, scale=scale, mask=mask, bias=bias)
+    bias = _bias_for(attention_mask, query.shape[2], key.shape[2], query.device)
+    out = block_attention(query, key, value, scale=scale, bias=bias)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -191,7 +191,7 @@ class SlotDecoder:
         x = torch.tensor([list(ids)], device=self.device)
         positions = torch.arange(past, past + t, device=self.device)[None]
         mask = None
-        if past:  # the new tokens see the whole cached prefix and, causally, each other
+        if past and self.device.type != "cpu":  # the new tokens see the cached prefix and, causally, each other
             mask = torch.arange(past + t, device=self.device)[None, :] <= positions[0][:, None]
         h = self.inner.embed_tokens(x)
         for i, layer in enumerate(self.layers):
