@@ -21,3 +21,28 @@ def device_name(name: str, *, rank: int | None = None) -> str:
         if name == "cuda" and rank is not None:
             return f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % torch.cuda.device_count()}"
     return name
+
+
+def native_bfloat16(device: str) -> bool:
+    """Whether ``device`` computes bfloat16 natively: a CUDA GPU that supports it, or a CPU with
+    AVX512-BF16 or AMX (oneDNN's bf16 kernels); elsewhere bf16 is emulated and slower than float32."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
+def compute_dtype(name: str, device: str = "cpu"):
+    """A dtype name as users give it to what torch takes. ``auto`` is vLLM's choice for a float32
+    checkpoint: bfloat16 where ``device`` computes it natively, else float32."""
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if native_bfloat16(device) else torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    except KeyError:
+        raise DSparkError(f"dtype {name!r}: expected auto, float32, bfloat16 or float16") from None

@@ -7,8 +7,9 @@ each alone while it loads and measures its step cost), then runs 64 greedy chat 
 1, 4 and 16 (``--levels``) concurrent clients, the modes taking turns at each level so that
 the machine's drift falls on all of them alike; ``--rounds N`` repeats the sweep, every other
 round in the reverse order of modes (tok/s is the mean over rounds; latencies pool them).
-``--dtypes float32,bfloat16`` serves every mode in each compute dtype (``mode/dtype``), all in
-the one run. The first 1-client pass is a mode's sequential reference; every output at every
+Servers run in ``dspark serve``'s default dtype (``auto``: bfloat16 on CPUs with AVX512-BF16 or
+AMX); ``--dtypes float32,bfloat16`` serves every mode in each compute dtype (``mode/dtype``), all
+in the one run. The first 1-client pass is a mode's sequential reference; every output at every
 level and round must equal it, and every mode's sequential outputs must equal plain decoding's
 in the same dtype and engine (a ``-batch`` mode: ``plain-batch``'s, when it runs).
 Reports errors, p50 / p95 latency and total tok/s per level, and writes JSON (with
@@ -144,8 +145,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--dtypes",
-        default="float32",
-        help="comma list of compute dtypes (float32, bfloat16); more than one serves every mode in each",
+        default="auto",
+        help="comma list of compute dtypes (auto, float32, bfloat16); more than one serves every mode in each",
     )
     parser.add_argument("--out", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.json"))
     parser.add_argument("--markdown", default=str(REPO / "docs" / "results" / "serve-load-smollm2-cpu.md"))
@@ -171,17 +172,21 @@ def main() -> None:
     if unknown := [m for m in modes if m not in known]:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {sorted(known)}")
     dtypes = [d for d in args.dtypes.split(",") if d]
-    if bad := [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]:
-        raise SystemExit(f"unknown dtype(s) {bad}; choose from float32, bfloat16, float16")
-    if len(dtypes) > 1 or dtypes != ["float32"]:  # every server in its dtype; labels say which
+    if bad := [d for d in dtypes if d not in ("auto", "float32", "bfloat16", "float16")]:
+        raise SystemExit(f"unknown dtype(s) {bad}; choose from auto, float32, bfloat16, float16")
+    if len(dtypes) > 1:  # every mode in each dtype; labels say which
         known = {f"{m}/{d}": (known[m][0], [*known[m][1], "--dtype", d]) for m in modes for d in dtypes}
         modes = [f"{m}/{d}" for d in dtypes for m in modes]
+    else:
+        known = {m: (k, [*extra, "--dtype", dtypes[0]]) for m, (k, extra) in known.items()}
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    served: dict[str, str] = {}  # mode -> the dtype its server computes in (/health; auto resolved)
     sequential: dict[str, list] = {}
     measured: dict[tuple[str, int], list[dict]] = {}  # (mode, clients) -> one entry per round
     try:
         for label in modes:  # one after another: each loads and measures its step cost alone
             servers[label] = start(args, known[label][0], known[label][1])
+            served[label] = httpx.get(f"{servers[label][1]}/health", timeout=10).json()["dtype"]
         for rnd in range(args.rounds):
             order = modes if rnd % 2 == 0 else modes[::-1]
             for clients in args.levels:
@@ -268,6 +273,7 @@ def main() -> None:
             "requests": args.requests,
             "max_tokens": args.max_tokens,
             "dtypes": dtypes,
+            "served_dtypes": served,
             "levels": args.levels,
             "rounds": args.rounds,
             "order": "servers started one by one; at each level the modes take turns, reversed every other round",
@@ -286,6 +292,7 @@ def main() -> None:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [table_row(r) for r in rows]
+    lines += ["", f"Compute dtype (each server's /health): {', '.join(sorted(set(served.values())))}."]
     Path(args.markdown).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     sys.exit(1 if failures else 0)

@@ -41,7 +41,10 @@ def test_bench_writes_the_card_table_and_json(tiny_target_dirs, tmp_path):
     assert (tmp_path / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads(out.read_text())
     assert report["provenance"]["commit"] is None or len(report["provenance"]["commit"]) == 40
-    assert report["provenance"]["dtype"] == "float32"
+    from dspark.devices import compute_dtype
+
+    # The dtype the run computed in (the default, auto, resolved for this CPU), not the word "auto".
+    assert report["provenance"]["dtype"] == str(compute_dtype("auto")).removeprefix("torch.")
     rows = report["rows"]
     assert {(r["dataset"], r["method"], r["n"]) for r in rows} >= {("gsm8k", "dspark", 7), ("aime24", "ngram", 3)}
     for r in rows:

@@ -287,3 +287,26 @@ def test_export_says_when_vllm_cannot_serve_it(tiny_target_dirs, tmp_path):
 
     assert "sample_from_anchor=true" in " ".join(exported_notes("--sample-from-anchor"))
     assert exported_notes("--no-sample-from-anchor") == []
+
+
+def test_dtype_auto_is_bfloat16_only_where_the_cpu_computes_it_natively(monkeypatch):
+    """`--dtype auto` (the default of generate, bench, serve and datagen) follows vLLM: a float32
+    checkpoint runs in bfloat16 where the hardware has bf16 arithmetic, else in float32."""
+    import torch
+
+    from dspark.devices import compute_dtype, native_bfloat16
+    from dspark.errors import DSparkError
+
+    for avx512_bf16, amx, expected in [
+        (True, False, torch.bfloat16),
+        (False, True, torch.bfloat16),
+        (False, False, torch.float32),
+    ]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        assert native_bfloat16("cpu") == (expected == torch.bfloat16)
+        assert compute_dtype("auto", "cpu") == expected
+        assert compute_dtype("float32", "cpu") == torch.float32  # an explicit dtype is kept as given
+        assert compute_dtype("bfloat16", "cpu") == torch.bfloat16
+    with pytest.raises(DSparkError, match="dtype 'fp8'"):
+        compute_dtype("fp8")

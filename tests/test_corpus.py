@@ -268,7 +268,20 @@ def test_datagen_cli_engines_agree_in_fp32(tiny_target_dirs, tmp_path):
         out = tmp_path / f"{engine}.jsonl"
         args = ["datagen", "--prompts", str(prompts), "--out", str(out), "--target", str(tiny_target_dirs["llama"])]
         result = runner.invoke(
-            app, [*args, "--engine", engine, "--max-new-tokens", "12", "--slots", "3", "--batch-size", "2"]
+            app,
+            [
+                *args,
+                "--engine",
+                engine,
+                "--max-new-tokens",
+                "12",
+                "--slots",
+                "3",
+                "--batch-size",
+                "2",
+                "--dtype",
+                "float32",
+            ],
         )
         assert result.exit_code == 0, result.output
         outs[engine] = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["id"])

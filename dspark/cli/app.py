@@ -22,15 +22,18 @@ app = typer.Typer(
 
 
 class DType(str, Enum):
+    auto = "auto"
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
 
 
-def torch_dtype(name: DType):
-    import torch
+def torch_dtype(name: DType, device: str = "cpu"):
+    """``auto``: bfloat16 where ``device`` computes it natively (AVX512-BF16/AMX CPUs, bf16 GPUs),
+    else float32 -- what vLLM serves a float32 checkpoint in (docs/serving.md)."""
+    from dspark.devices import compute_dtype
 
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name.value]
+    return compute_dtype(name.value, device)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -49,6 +52,14 @@ def parse_ids(text: str | None, flag: str) -> list[int] | None:
 
 
 # Options many commands share, declared once.
+DTypeOption = Annotated[
+    DType,
+    typer.Option(
+        help="Compute dtype of target and drafters. auto: bfloat16 where the device computes it natively "
+        "(CPUs with AVX512-BF16 or AMX, bf16 GPUs; ~2x float32's batched throughput on CPU), else float32, "
+        "as vLLM serves a float32 checkpoint. Greedy text follows the dtype (docs/serving.md)."
+    ),
+]
 TargetOption = Annotated[Path | None, typer.Option(help="Target model directory (default: the embedded one).")]
 ConfidenceThresholdOption = Annotated[
     float | None, typer.Option(help="Stop a draft once the predicted survival prod(c_i) falls below this.")

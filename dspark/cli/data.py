@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dspark.cli.app import DType, TargetOption, app, fail, parse_ids, torch_dtype
+from dspark.cli.app import DType, DTypeOption, TargetOption, app, fail, parse_ids, torch_dtype
 from dspark.errors import DSparkError
 
 
@@ -23,13 +23,7 @@ def datagen_cmd(
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus filter when sampling.")] = 1.0,
     batch_size: Annotated[int, typer.Option(min=1, help="Prompts per static batch (generate engine).")] = 8,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
-    dtype: Annotated[
-        DType,
-        typer.Option(
-            help="Compute dtype. bfloat16 is ~1.6-2x faster on CPUs with AVX512-BF16 or AMX, but its greedy text "
-            "can differ from the float32 target's."
-        ),
-    ] = DType.float32,
+    dtype: DTypeOption = DType.auto,
     engine: Annotated[
         str,
         typer.Option(

@@ -12,6 +12,7 @@ from dspark.cli.app import (
     ConfidenceThresholdOption,
     CostModelOption,
     DType,
+    DTypeOption,
     PromptLookupOption,
     TargetOption,
     app,
@@ -54,7 +55,7 @@ def generate_cmd(
     ] = False,
     chat: Annotated[bool, typer.Option(help="Wrap the prompt in the tokenizer's chat template, if it has one.")] = True,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "cpu",
-    dtype: Annotated[DType, typer.Option(help="Compute dtype for target and drafter.")] = DType.float32,
+    dtype: DTypeOption = DType.auto,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
 ) -> None:
     """Generate text with speculative decoding and report acceptance and speed."""
@@ -71,7 +72,8 @@ def generate_cmd(
         checkpoint = method == "auto" or method in families.names()
         draft_dir = resolve_draft(draft, "dspark" if method == "auto" else method) if checkpoint else None
         drafting = Drafting(method, draft_dir, confidence_threshold, cost_model, prompt_lookup).resolved()
-        tgt = TargetModel.from_pretrained(resolve_target(target), device=device_name(device), dtype=torch_dtype(dtype))
+        dev = device_name(device)
+        tgt = TargetModel.from_pretrained(resolve_target(target), device=dev, dtype=torch_dtype(dtype, dev))
         report = generate_report(
             tgt,
             drafting,
@@ -82,6 +84,7 @@ def generate_cmd(
             num_speculative_tokens=num_speculative_tokens,
             check_lossless=check_lossless,
         )
+        report["dtype"] = str(tgt.dtype).removeprefix("torch.")  # what --dtype (auto by default) chose
     except (DSparkError, ValueError) as exc:
         fail(str(exc))
     lossless = report["lossless"]
@@ -91,7 +94,7 @@ def generate_cmd(
         typer.echo(report["text"] if report["text"] is not None else report["tokens"])
         typer.echo(
             f"\n[{report['method']} k={report['num_speculative_tokens']}] accept_len {report['accept_len']:.3f} | "
-            f"{report['tokens_per_second']:.1f} tok/s | {report['target_forwards']} target forwards"
+            f"{report['tokens_per_second']:.1f} tok/s | {report['target_forwards']} target forwards | {report['dtype']}"
             + ("" if lossless is None else f" | lossless {lossless}"),
             err=True,
         )
@@ -131,9 +134,7 @@ def bench_cmd(
     markdown: Annotated[Path | None, typer.Option(help="Write the markdown table here.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a per-position acceptance plot (PNG) here.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
-    dtype: Annotated[
-        DType, typer.Option(help="Compute dtype for target and drafters (every method, baseline included).")
-    ] = DType.float32,
+    dtype: DTypeOption = DType.auto,
 ) -> None:
     """Speculative decoding benchmark in the model card's format; methods interleaved in one run."""
     from dspark.bench.provenance import finished, provenance, write_json
@@ -148,6 +149,8 @@ def bench_cmd(
         names = [d for d in datasets.split(",") if d]
         ns = parse_ids(n, "--n") or [DEFAULT_DRAFT_TOKENS]
         target_dir = resolve_target(target)
+        dev = device_name(device)
+        compute = torch_dtype(dtype, dev)
         meta = provenance(  # before the run: the code and tree that produce the rows
             seed,
             target=str(target_dir),
@@ -155,9 +158,9 @@ def bench_cmd(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             rows=rows,
-            dtype=dtype.value,
+            dtype=str(compute).removeprefix("torch."),
         )
-        tgt = TargetModel.from_pretrained(target_dir, device=device_name(device), dtype=torch_dtype(dtype))
+        tgt = TargetModel.from_pretrained(target_dir, device=dev, dtype=compute)
         result_rows = run_bench(
             tgt,
             datasets=names,

@@ -12,6 +12,7 @@ from dspark.cli.app import (
     ConfidenceThresholdOption,
     CostModelOption,
     DType,
+    DTypeOption,
     PromptLookupOption,
     TargetOption,
     app,
@@ -57,13 +58,7 @@ def serve_cmd(
     shutdown_grace: Annotated[
         float, typer.Option(help="On SIGTERM/Ctrl-C, seconds in-flight requests get to finish.")
     ] = 10.0,
-    dtype: Annotated[
-        DType,
-        typer.Option(
-            help="Compute dtype of target and drafter. bfloat16 is ~2x the batched throughput on CPUs with "
-            "AVX512-BF16 or AMX; its greedy text is bf16's, not float32's (docs/serving.md)."
-        ),
-    ] = DType.float32,
+    dtype: DTypeOption = DType.auto,
     print_vllm: Annotated[
         bool, typer.Option(help="Print the `vllm serve` command for this drafter (speculators format) and exit.")
     ] = False,

@@ -71,6 +71,8 @@ def init_cmd(
 
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise DSparkError(f"{out}: exists and is not empty; refusing to overwrite it")
+        if dtype is DType.auto:
+            raise DSparkError("--dtype auto chooses a compute dtype; give the stored one: float32 or bfloat16")
         family = families.get(method)
         options = {
             "layers": layers,
