@@ -38,12 +38,16 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if params.top_p < 1.0:
         sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        sorted_probs = torch.softmax(sorted_scores, dim=-1)
-        # Drop a token when the mass before it already reaches top_p (the top token always stays).
-        drop_sorted = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+        drop_sorted = ~nucleus(torch.softmax(sorted_scores, dim=-1), params.top_p)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     return torch.softmax(scores, dim=-1)
+
+
+def nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which of the probabilities (sorted largest first, last dim) stay in the top-p nucleus:
+    a token is dropped when the mass before it already reaches ``top_p``, so the top one stays."""
+    return (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) < top_p
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -82,8 +86,7 @@ def candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tens
     probs = torch.exp(values - norm)
     keep = torch.ones_like(probs, dtype=torch.bool)
     if params.top_p < 1.0:
-        # Drop a token when the mass before it already reaches top_p (the top token stays).
-        keep = (torch.cumsum(probs, dim=-1) - probs) < params.top_p
+        keep = nucleus(probs, params.top_p)
     # A whole top-k fits unless tied at its edge; fewer candidates hold the filtered set only
     # if their mass reaches top_p.
     fits = ~edge_tied if c == limit else probs.sum(dim=-1) >= params.top_p
