@@ -161,13 +161,14 @@ def main() -> None:
     prompts = load_prompts("gsm8k", half) + load_prompts("humaneval", args.requests - half)
     rows, failures = [], 0
     known = {
-        "dspark": (args.k, []),
+        "dspark": (args.k, ["--cost-model", "off"]),
         "dspark-cost": (args.k, ["--cost-model", "auto"]),
         "dspark-cost-lookup": (args.k, ["--cost-model", "auto", "--prompt-lookup", "3"]),
         "plain": (0, []),
     }
     batch = ["--batch", str(max(args.levels))]
     known.update({f"{name}-batch": (k, [*extra, *batch]) for name, (k, extra) in list(known.items())})
+    known.update({name: (k, [*extra, "--batch", "1"]) for name, (k, extra) in known.items() if "-batch" not in name})
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in known]:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {sorted(known)}")

@@ -73,7 +73,10 @@ def draft(chat_target, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(chat_target, draft):
-    proc, base = start_server(chat_target, draft, "--num-speculative-tokens", "3", "--max-concurrency", "4")
+    # One request at a time (the Worker); the batch engine's servers below ask for --batch.
+    proc, base = start_server(
+        chat_target, draft, "--num-speculative-tokens", "3", "--max-concurrency", "4", "--batch", "1"
+    )
     yield base
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
@@ -632,10 +635,15 @@ def test_continuous_batching_serves_each_request_as_alone(server, chat_target, d
 
 def test_a_bfloat16_server_serves_what_bfloat16_generate_gives(chat_target, draft):
     """`dspark serve --dtype bfloat16` loads target and drafter in bf16 (/health says so) and
-    answers with the text `dspark generate --dtype bfloat16` gives."""
+    answers with the text `dspark generate --dtype bfloat16` gives. Its other options are the
+    defaults: a Qwen3 target is served with continuous batching (--batch auto) and the
+    load-aware draft length."""
+    from dspark.serve.server import AUTO_BATCH
+
     proc, base = start_server(chat_target, draft, "--num-speculative-tokens", "3", "--dtype", "bfloat16")
     try:
-        assert httpx.get(f"{base}/health").json()["dtype"] == "bfloat16"
+        health = httpx.get(f"{base}/health").json()
+        assert health["dtype"] == "bfloat16" and health["batch"] == AUTO_BATCH
         served = httpx.post(
             f"{base}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 24, "temperature": 0}, timeout=120
         ).json()["choices"][0]["text"]
@@ -651,3 +659,21 @@ def test_a_bfloat16_server_serves_what_bfloat16_generate_gives(chat_target, draf
         texts[dtype] = json.loads(result.stdout)["text"]
     assert served == texts["bfloat16"]
     assert texts["bfloat16"] != texts["float32"]  # else this test could not tell the dtypes apart
+
+
+def test_batch_auto_batches_llama_style_targets_only(tiny_target_dirs, tmp_path):
+    """`--batch auto` (the default): continuous batching for the decoders the slot engine runs,
+    one request at a time for anything else; a bad --batch is refused before anything loads."""
+    from dspark.serve.server import AUTO_BATCH, auto_batch
+
+    assert auto_batch(tiny_target_dirs["llama"])[0] == AUTO_BATCH
+    assert auto_batch(tiny_target_dirs["qwen3"])[0] == AUTO_BATCH
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    batch, why = auto_batch(other)
+    assert batch == 1 and "one request at a time" in why
+    assert auto_batch(tmp_path / "model.gguf")[0] == 1
+    for bad in ("0", "many"):
+        result = runner.invoke(app, ["serve", "--target", str(tiny_target_dirs["llama"]), "--batch", bad])
+        assert result.exit_code == 2 and "--batch" in result.output, result.output

@@ -10,7 +10,6 @@ import typer
 
 from dspark.cli.app import (
     ConfidenceThresholdOption,
-    CostModelOption,
     DType,
     DTypeOption,
     PromptLookupOption,
@@ -36,13 +35,13 @@ def serve_cmd(
         int, typer.Option(min=1, help="Requests waiting at once (beyond those decoding); more get 429.")
     ] = 16,
     batch: Annotated[
-        int,
+        str,
         typer.Option(
-            min=1,
-            help="Requests decoded together (continuous batching, one target forward per step for all); "
-            "1 decodes one at a time.",
+            help="Requests decoded together (continuous batching, one target forward per step for all; with a "
+            "drafter the draft length follows the load unless --cost-model off); 1 decodes one at a time; "
+            "auto: 16 for Llama-style targets (llama, mistral, qwen2, qwen3), else 1.",
         ),
-    ] = 1,
+    ] = "auto",
     request_timeout: Annotated[
         float, typer.Option(help="Seconds a request may take, waiting included; then it is cut short.")
     ] = 600.0,
@@ -50,7 +49,14 @@ def serve_cmd(
         int | None, typer.Option(help="Prompt + generated tokens allowed (default: the target's positions).")
     ] = None,
     confidence_threshold: ConfidenceThresholdOption = None,
-    cost_model: CostModelOption = None,
+    cost_model: Annotated[
+        str | None,
+        typer.Option(
+            help="Draft length per step. With --batch (the default for Llama-style targets) the load-aware rule "
+            "(measured at start-up) unless 'off' (a fixed --num-speculative-tokens). One at a time: 'auto' "
+            "measures this machine's step cost, or a StepCost JSON file; unset: fixed (docs/serving.md)."
+        ),
+    ] = None,
     prompt_lookup: PromptLookupOption = None,
     served_model_name: Annotated[
         str | None, typer.Option(help="Model id clients send (default: target dir name).")
@@ -95,7 +101,7 @@ def serve_cmd(
                 port=port,
                 num_speculative_tokens=num_speculative_tokens,
                 max_concurrency=max_concurrency,
-                batch=batch,
+                batch=None if batch == "auto" else parse_batch(batch),
                 request_timeout=request_timeout,
                 max_model_len=max_model_len,
                 model_name=served_model_name,
@@ -106,6 +112,16 @@ def serve_cmd(
         )
     except DSparkError as exc:
         fail(str(exc))
+
+
+def parse_batch(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise DSparkError(f"--batch expects a number of requests or auto, got {text!r}") from None
+    if value < 1:
+        raise DSparkError(f"--batch must be >= 1, got {value}")
+    return value
 
 
 @app.command("vllm-config")

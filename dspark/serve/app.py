@@ -40,6 +40,7 @@ class ServerConfig:
     vocab_size: int
     default_max_tokens: int = 256
     dtype: str = "float32"  # the loaded target's compute dtype
+    batch: int = 1  # requests decoded together (continuous batching); 1: one at a time
 
 
 class APIError(Exception):
@@ -335,6 +336,7 @@ def create_app(worker: Worker, tokenizer, metrics: Metrics, config: ServerConfig
             "speculative": config.speculative,
             "num_speculative_tokens": k,
             "dtype": config.dtype,
+            "batch": config.batch,
         }
 
     @app.get("/metrics")

@@ -21,13 +21,33 @@ class ServeOptions:
     port: int = 8000
     num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS
     max_concurrency: int = 16
-    batch: int = 1  # sequences decoded together (continuous batching); 1: one at a time
+    batch: int | None = 1  # sequences decoded together (continuous batching); 1: one at a time; None: auto
     request_timeout: float = 600.0
     max_model_len: int | None = None
     model_name: str | None = None
     shutdown_grace: float = 10.0
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
+
+
+AUTO_BATCH = 16  # `--batch auto` on a target the slot decoder runs
+SLOT_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # Llama-style decoders `SlotDecoder` reproduces
+
+
+def auto_batch(target: Path) -> tuple[int, str]:
+    """``--batch auto``: `AUTO_BATCH` sequences for a Hugging Face directory of a Llama-style
+    decoder (``model_type`` in `SLOT_MODEL_TYPES`), else 1 (one at a time); and why."""
+    import json
+
+    config_path = Path(target) / "config.json"
+    try:
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    except (OSError, ValueError):
+        config = {}
+    model_type = config.get("model_type")
+    if model_type in SLOT_MODEL_TYPES:
+        return AUTO_BATCH, f"continuous batching of up to {AUTO_BATCH} requests ({model_type})"
+    return 1, f"one request at a time (continuous batching runs {', '.join(SLOT_MODEL_TYPES)} targets)"
 
 
 def _position_limit(target) -> int:
@@ -44,9 +64,11 @@ def build_app(opts: ServeOptions):
 
     if opts.max_concurrency < 1:
         raise DSparkError(f"--max-concurrency must be >= 1, got {opts.max_concurrency}")
+    if opts.batch is None:
+        opts = replace(opts, batch=auto_batch(opts.target)[0])
     if opts.batch < 1:
         raise DSparkError(f"--batch must be >= 1, got {opts.batch}")
-    if opts.batch > 1 and opts.drafting.cost_model not in (None, "auto"):
+    if opts.batch > 1 and opts.drafting.cost_model not in (None, "auto", "off"):
         raise DSparkError(
             "--batch measures its own step cost at start-up (T(batch, tokens)); use --cost-model auto, not a saved "
             "one-sequence cost model"
@@ -55,6 +77,11 @@ def build_app(opts: ServeOptions):
         raise DSparkError(f"--request-timeout must be > 0, got {opts.request_timeout}")
     speculative = opts.num_speculative_tokens > 0
     drafting = opts.drafting
+    # With --batch the draft length is the load-aware rule's unless asked to stay fixed
+    # ("off"): a fixed length verifies every sequence's drafts even when the batch is full.
+    fixed_length = drafting.cost_model == "off"
+    if fixed_length:
+        drafting = replace(drafting, cost_model=None)
     if speculative and drafting.draft is None:
         raise DSparkError("--num-speculative-tokens > 0 needs a drafter (--draft)")
     if drafting.prompt_lookup is not None and not speculative:
@@ -93,11 +120,14 @@ def build_app(opts: ServeOptions):
         from dspark.decoding.batch import BatchedEngine, LoadAwareDraftLength, Sequence, measure_batch_cost
         from dspark.decoding.drafters import fork_drafter
         from dspark.target.prompts import chat_prefix
-        from dspark.target.slots import SlotDecoder
+        from dspark.target.slots import SlotDecoder, SlotDecoderUnsupportedError
 
         target = load_target()
-        decoder = SlotDecoder(target.model, slots=opts.batch, max_len=batch_len(target) + k + 1)
-        decoder.check()  # refuses an architecture the slot decoder does not reproduce
+        try:
+            decoder = SlotDecoder(target.model, slots=opts.batch, max_len=batch_len(target) + k + 1)
+            decoder.check()  # refuses an architecture the slot decoder does not reproduce
+        except SlotDecoderUnsupportedError as exc:
+            raise DSparkError(f"{exc}; serve this target one request at a time (--batch 1)") from None
         # Every chat request starts with the template's system turn: its keys and values are
         # computed once and copied into each slot at prefill.
         decoder.set_prefix(chat_prefix(target.tokenizer))
@@ -105,7 +135,7 @@ def build_app(opts: ServeOptions):
         base = replace(drafting, cost_model=None).build(target) if speculative else None
         capture = tuple(base.aux_layer_ids) if base is not None else ()
         rule = None
-        if speculative and drafting.cost_model is not None:
+        if speculative and not fixed_length:
             cost = measure_batch_cost(decoder, max_width=k + 1, drafter=base, capture=capture)
             rule = LoadAwareDraftLength(cost, k)
         engine = BatchedEngine(decoder, capture=capture, draft_length=rule)
@@ -151,6 +181,7 @@ def build_app(opts: ServeOptions):
         num_speculative_tokens=opts.num_speculative_tokens,
         vocab_size=target.vocab_size,
         dtype=str(target.dtype).removeprefix("torch."),
+        batch=opts.batch,
     )
     return create_app(worker, tok, metrics, config, shutdown_grace=opts.shutdown_grace), worker
 
@@ -160,8 +191,15 @@ def serve(opts: ServeOptions, log=print) -> None:
         import uvicorn
     except ImportError:  # pragma: no cover - depends on the environment
         raise DSparkError("serving needs FastAPI and uvicorn: pip install 'dspark[serve]'") from None
+    if opts.batch is None:
+        batch, why = auto_batch(opts.target)
+        opts = replace(opts, batch=batch)
+        log(f"--batch auto: {why}")
     app, _worker = build_app(opts)
-    log(f"serving {opts.target} on http://{opts.host}:{opts.port} (speculative tokens: {opts.num_speculative_tokens})")
+    log(
+        f"serving {opts.target} on http://{opts.host}:{opts.port} (speculative tokens: {opts.num_speculative_tokens}, "
+        f"batch: {opts.batch})"
+    )
     uvicorn.run(
         app,
         host=opts.host,
