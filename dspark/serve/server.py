@@ -31,23 +31,17 @@ class ServeOptions:
 
 
 AUTO_BATCH = 16  # `--batch auto` on a target the slot decoder runs
-SLOT_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # Llama-style decoders `SlotDecoder` reproduces
 
 
 def auto_batch(target: Path) -> tuple[int, str]:
-    """``--batch auto``: `AUTO_BATCH` sequences for a Hugging Face directory of a Llama-style
-    decoder (``model_type`` in `SLOT_MODEL_TYPES`), else 1 (one at a time); and why."""
-    import json
+    """``--batch auto``: `AUTO_BATCH` sequences for a Hugging Face directory of a decoder the
+    slot engine runs (`dspark.target.slots.MODEL_TYPES`), else 1 (one at a time); and why."""
+    from dspark.target.slots import MODEL_TYPES, model_type_it_runs
 
-    config_path = Path(target) / "config.json"
-    try:
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    except (OSError, ValueError):
-        config = {}
-    model_type = config.get("model_type")
-    if model_type in SLOT_MODEL_TYPES:
+    model_type = model_type_it_runs(target)
+    if model_type is not None:
         return AUTO_BATCH, f"continuous batching of up to {AUTO_BATCH} requests ({model_type})"
-    return 1, f"one request at a time (continuous batching runs {', '.join(SLOT_MODEL_TYPES)} targets)"
+    return 1, f"one request at a time (continuous batching runs {', '.join(MODEL_TYPES)} targets)"
 
 
 def _position_limit(target) -> int:

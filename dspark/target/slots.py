@@ -23,6 +23,24 @@ import torch.nn.functional as F
 from dspark.errors import DSparkError
 from dspark.target.attention import block_attention, block_bias
 
+# The `model_type`s of the Llama-style decoders this module reproduces (its tests cover llama
+# and qwen3; `SlotDecoder.check` verifies any model at start-up).
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def model_type_it_runs(target_dir) -> str | None:
+    """The ``model_type`` of the Hugging Face directory ``target_dir`` when it is one of
+    `MODEL_TYPES`, read from config.json alone (nothing loaded); else None."""
+    import json
+    from pathlib import Path
+
+    path = Path(target_dir) / "config.json"
+    try:
+        model_type = json.loads(path.read_text()).get("model_type") if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return model_type if model_type in MODEL_TYPES else None
+
 
 class SlotDecoderUnsupportedError(DSparkError):
     """The target's architecture is not one `SlotDecoder` reproduces."""
