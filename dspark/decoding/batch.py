@@ -343,8 +343,8 @@ def measure_batch_cost(
     alone; with one, whole `BatchedEngine` steps of sequences drafting ``w - 1`` tokens each
     (forks of ``drafter``, which reads the layers ``capture``), so the figure holds what
     drafting costs. The slots are scratch: call it before serving. The median of ``repeats``
-    runs each."""
-    from dspark.decoding.draft_length import median_seconds
+    runs each, made non-decreasing in the width (`monotone_costs`)."""
+    from dspark.decoding.draft_length import median_seconds, monotone_costs
 
     batches = sorted({min(decoder.slots, 2**i) for i in range(decoder.slots.bit_length() + 1)})
     widths = tuple(range(1, max_width + 1))
@@ -368,7 +368,7 @@ def measure_batch_cost(
                         decoder.set_length(slot, context)
 
                 row.append(timed(extend))
-            table.append(tuple(row))
+            table.append(tuple(monotone_costs(row)))
     else:
         from dspark.decoding.drafters import fork_drafter
         from dspark.decoding.sampling import SamplingParams
@@ -400,7 +400,7 @@ def measure_batch_cost(
                 row.append(timed(engine.step))
             for seq in seqs:
                 engine.cancel(seq)
-            table.append(tuple(row))
+            table.append(tuple(monotone_costs(row)))
         probe = fork_drafter(drafter)
         logits, aux = decoder.prefill(0, prompt, capture)
         probe.begin(torch.tensor(prompt), aux if probe.aux_layer_ids else None)
@@ -415,11 +415,16 @@ class LoadAwareDraftLength:
     tokens per second, where ``E(k) = 1 + a_1 + a_1 a_2 + ...`` from running per-position
     acceptance rates ``a_j`` (exponentially weighted; optimistic 0.5 before any data) and
     ``T`` the measured step, drafting included. ``k = 0`` (a plain step) is a choice: under
-    load a full batch of drafts can cost more than it brings. The rule looks only at past
-    steps, so verification and its guarantees are untouched."""
+    load a full batch of drafts can cost more than it brings. A length that drafts must beat
+    the plain step by ``margin`` (a share of its rate): the table is measured on a shared
+    machine, and a gain inside its error is a coin toss that plain decoding never loses. The
+    rule looks only at past steps, so verification and its guarantees are untouched."""
 
-    def __init__(self, cost: BatchStepCost, max_drafts: int, *, decay: float = 0.98) -> None:
+    def __init__(self, cost: BatchStepCost, max_drafts: int, *, decay: float = 0.98, margin: float = 0.05) -> None:
+        if margin < 0:
+            raise ValueError(f"margin must be >= 0, got {margin}")
         self.cost, self.max_drafts, self.decay = cost, min(max_drafts, cost.widths[-1] - 1), decay
+        self.margin = margin
         self._solo: StepCost | None = None
         self.attempts = [1.0] * self.max_drafts  # prior: one attempt, half accepted
         self.accepts = [0.5] * self.max_drafts
@@ -432,12 +437,11 @@ class LoadAwareDraftLength:
             for j in range(self.max_drafts):
                 self.attempts[j] = self.decay * self.attempts[j] + (1 - self.decay) * 1.0
                 self.accepts[j] = self.decay * self.accepts[j] + (1 - self.decay) * 0.5
-        best, best_rate = 0, 0.0
+        best, best_rate = 0, (1.0 + self.margin) * b / self.cost.step_seconds(b, 1)
         expected, survival = 1.0, 1.0
-        for k in range(self.max_drafts + 1):
-            if k:
-                survival *= self.accepts[k - 1] / self.attempts[k - 1]
-                expected += survival
+        for k in range(1, self.max_drafts + 1):
+            survival *= self.accepts[k - 1] / self.attempts[k - 1]
+            expected += survival
             rate = b * expected / self.cost.step_seconds(b, k + 1)
             if rate > best_rate:
                 best, best_rate = k, rate
