@@ -215,6 +215,31 @@ def test_load_aware_length_drafts_only_for_a_gain_beyond_its_margin():
         LoadAwareDraftLength(cost, 1, margin=-0.1)
 
 
+def test_load_aware_width_follows_the_drafts_confidences():
+    from dspark.decoding.batch import BatchStepCost, LoadAwareDraftLength
+    from dspark.decoding.drafters import Proposal
+
+    # Two sequences; each verified draft adds a fifth of a plain step.
+    cost = BatchStepCost(batches=(1, 2), widths=(1, 2, 3, 4, 5), seconds=((0.1,) * 5, (0.1, 0.12, 0.14, 0.16, 0.18)))
+    rule = LoadAwareDraftLength(cost, 4)
+
+    def drafts(*conf):
+        return Proposal(torch.arange(len(conf)), confidence=torch.tensor(conf))
+
+    sure, unsure = drafts(0.95, 0.95, 0.95, 0.95), drafts(0.9, 0.9, 0.1, 0.1)
+    assert rule.width([sure, sure], 2) == 4
+    assert rule.width([unsure, unsure], 2) == 2  # past slot 2 the drafts are not worth their rows
+    assert rule.width([unsure, sure], 2) == 4  # one sure sequence pays for the width
+    assert rule.width([drafts(0.9), Proposal.empty()], 2) == 1
+    # A lookup hit (no confidence) counts by the running rates: 0.5 a slot before any data.
+    lookup = Proposal(torch.arange(4))
+    assert rule.width([lookup, Proposal.empty()], 2) == 1
+    for _ in range(100):
+        rule.observe(4, 4)
+    assert rule.width([lookup, Proposal.empty()], 2) == 4
+    assert [len(p) for p in (sure.head(2), sure.head(9), Proposal.empty().head(1))] == [2, 4, 0]
+
+
 def engine_left_behind(decoder) -> bool:
     return bool(decoder.lengths.any())
 

@@ -182,6 +182,11 @@ class BatchedEngine:
         cap = None
         if self.draft_length is not None and drafting and solo is None:
             cap = self.draft_length.pick(len(self.active))
+        # A rule that sets the width from the drafts' own confidences (`LoadAwareDraftLength.width`)
+        # decides here only whether the batch drafts; each sequence then drafts its longest.
+        trim = bool(cap) and hasattr(self.draft_length, "width") and len(self.active) > 1
+        if trim:
+            cap = self.draft_length.max_drafts
         ks = []
         proposals = [Proposal.empty() for _ in self.active]
         drafters: dict[int, Drafter] = {}  # who drafts for sequence i this step
@@ -219,6 +224,9 @@ class BatchedEngine:
             )
             for i, proposal in zip(members, drafted, strict=True):
                 proposals[i] = proposal
+        if trim:
+            width = self.draft_length.width(proposals, len(self.active))
+            proposals = [p.head(width) for p in proposals]
         for seq, proposal in zip(self.active, proposals, strict=True):
             rows.append([seq.tokens[-1], *proposal.tokens.tolist()])
         self.last_step = (len(self.active), sum(len(p) for p in proposals))  # (batch, drafts) for metrics
@@ -418,7 +426,9 @@ class LoadAwareDraftLength:
     load a full batch of drafts can cost more than it brings. A length that drafts must beat
     the plain step by ``margin`` (a share of its rate): the table is measured on a shared
     machine, and a gain inside its error is a coin toss that plain decoding never loses. The
-    rule looks only at past steps, so verification and its guarantees are untouched."""
+    rule looks only at past steps, so verification and its guarantees are untouched. Once
+    a step drafts, `width` sets how many drafts the batch verifies from the drafts' own
+    confidences."""
 
     def __init__(self, cost: BatchStepCost, max_drafts: int, *, decay: float = 0.98, margin: float = 0.05) -> None:
         if margin < 0:
@@ -446,6 +456,33 @@ class LoadAwareDraftLength:
             if rate > best_rate:
                 best, best_rate = k, rate
         self.chosen.append(best)
+        return best
+
+    def width(self, proposals: list[Proposal], b: int) -> int:
+        """After drafting: how many drafts every sequence verifies this step, ``w`` from 1 to
+        the longest proposal maximising ``sum_s E_s(w) / T(b, w + 1)``, with ``E_s`` from the
+        proposal's own per-slot confidences where its drafter has a confidence head (a
+        lookup hit or a head-less drafter: the running rates). The batch's forward is as wide
+        as its widest row, so a sequence verifies up to ``w`` drafts at no extra cost; the
+        drafting is paid by now and every ``T(b, w + 1)`` with ``w >= 1`` holds it alike. The
+        choice reads no target output, so verification stays exact."""
+        longest = max((len(p) for p in proposals), default=0)
+        if longest <= 1:
+            return longest
+        rates = [a / n for a, n in zip(self.accepts, self.attempts, strict=True)]
+        gains = [0.0] * (longest + 1)  # gains[w]: the batch's expected tokens from slot w - 1
+        for p in proposals:
+            conf = p.confidence.tolist() if p.confidence is not None else None
+            survival = 1.0
+            for j in range(len(p)):
+                survival *= conf[j] if conf is not None else rates[min(j, len(rates) - 1)]
+                gains[j + 1] += survival
+        best, best_rate, expected = 1, 0.0, float(b)
+        for w in range(1, longest + 1):
+            expected += gains[w]
+            rate = expected / self.cost.step_seconds(b, w + 1)
+            if rate > best_rate:
+                best, best_rate = w, rate
         return best
 
     def solo_cost(self) -> StepCost:

@@ -32,6 +32,16 @@ class Proposal:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
+    def head(self, n: int) -> Proposal:
+        """The first ``n`` drafts (verifying a prefix of a draft is as lossless as the whole)."""
+        if n >= len(self):
+            return self
+        return Proposal(
+            self.tokens[:n],
+            None if self.probs is None else self.probs[:n],
+            None if self.confidence is None else self.confidence[:n],
+        )
+
 
 class Drafter(Protocol):
     name: str
