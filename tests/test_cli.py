@@ -45,8 +45,9 @@ def last_json(stdout):
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def test_generate_greedy_is_lossless(tiny_target_dirs, drafter_dir):
-    result = generate(tiny_target_dirs["qwen3"], drafter_dir, "--check-lossless")
+@pytest.mark.parametrize("extra", [(), ("--cost-model", "off")])  # serve's word for the fixed length
+def test_generate_greedy_is_lossless(tiny_target_dirs, drafter_dir, extra):
+    result = generate(tiny_target_dirs["qwen3"], drafter_dir, "--check-lossless", *extra)
     assert result.exit_code == 0, result.output
     report = last_json(result.stdout)
     assert report["lossless"] is True

@@ -68,7 +68,8 @@ CostModelOption = Annotated[
     str | None,
     typer.Option(
         help="Draft length per step from a cost model: 'auto' measures this machine's target and "
-        "draft times first (seconds), or a StepCost JSON file (docs/benchmarking.md)."
+        "draft times first (seconds), or a StepCost JSON file (docs/benchmarking.md); 'off' (the default "
+        "here): the fixed --num-speculative-tokens."
     ),
 ]
 PromptLookupOption = Annotated[

@@ -71,6 +71,8 @@ def generate_cmd(
             raise DSparkError("--top-p must be in (0, 1]")
         checkpoint = method == "auto" or method in families.names()
         draft_dir = resolve_draft(draft, "dspark" if method == "auto" else method) if checkpoint else None
+        if cost_model == "off":  # serve's word for the fixed length, which is generate's default
+            cost_model = None
         drafting = Drafting(method, draft_dir, confidence_threshold, cost_model, prompt_lookup).resolved()
         dev = device_name(device)
         tgt = TargetModel.from_pretrained(resolve_target(target), device=dev, dtype=torch_dtype(dtype, dev))
