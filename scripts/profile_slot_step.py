@@ -1,11 +1,12 @@
 """Where a continuous-batching decode step of the corpus engine goes, for the datagen notes in
 docs/RESULTS.md.
 
-    .venv/bin/python scripts/profile_slot_step.py [--slots 128] [--answered 150] [--out FILE.json]
+    .venv/bin/python scripts/profile_slot_step.py [--slots 128] [--answered 150] [--threads 1] [--out FILE.json]
 
 1. One `SlotDecoder.decode` step of ``slots`` gsm8k_train chat prompts that have each
-   answered ``answered`` tokens, the embedded target in bf16, one torch thread (as one
-   `corpus grow` worker runs it): the median step and torch.profiler's self time by operator.
+   answered ``answered`` tokens, the embedded target in bf16, ``--threads`` torch threads
+   (default 1, as one `corpus grow` worker runs it; 2 as `dspark datagen` runs on 2 cores):
+   the median step and torch.profiler's self time by operator.
 2. The attention of one layer at that shape, three ways: the decoder's own call
    (scaled_dot_product_attention over the cache's strided slice), the same products as two
    batched matmuls over that strided slice, and over a contiguous copy (the copy not timed).
@@ -34,9 +35,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slots", type=int, default=128)
     parser.add_argument("--answered", type=int, default=150)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as one corpus grow worker)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     from torch.profiler import ProfilerActivity, profile
 
     from dspark.bench.provenance import provenance
