@@ -34,7 +34,8 @@ def main() -> None:
     torch.set_num_threads(2)
     from dspark.bench.provenance import provenance
     from dspark.datasets import load_prompts
-    from dspark.decoding.batch import BatchedEngine, LoadAwareDraftLength, Sequence, measure_batch_cost
+    from dspark.decoding.batch import BatchedEngine, Sequence
+    from dspark.decoding.draft_length import LoadAwareDraftLength, measure_batch_cost
     from dspark.decoding.drafters import fork_drafter
     from dspark.decoding.factory import make_drafter
     from dspark.defaults import default_draft_dir, resolve_target

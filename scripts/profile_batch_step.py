@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    from dspark.decoding.batch import measure_batch_cost
+    from dspark.decoding.draft_length import measure_batch_cost
     from dspark.decoding.factory import make_drafter
     from dspark.defaults import default_draft_dir, resolve_target
     from dspark.target import TargetModel

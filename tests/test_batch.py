@@ -183,7 +183,7 @@ def test_a_drafter_reading_uncaptured_layers_is_refused(tiny_targets):
 
 
 def test_load_aware_length_drafts_when_cheap_and_stops_under_load():
-    from dspark.decoding.batch import BatchStepCost, LoadAwareDraftLength
+    from dspark.decoding.draft_length import BatchStepCost, LoadAwareDraftLength
 
     # One sequence: verifying 8 tokens costs what 1 does (weights read once). Sixteen: the
     # forward is compute-bound, every token costs its share.
@@ -199,7 +199,7 @@ def test_load_aware_length_drafts_when_cheap_and_stops_under_load():
 
 
 def test_load_aware_length_drafts_only_for_a_gain_beyond_its_margin():
-    from dspark.decoding.batch import BatchStepCost, LoadAwareDraftLength
+    from dspark.decoding.draft_length import BatchStepCost, LoadAwareDraftLength
 
     # One draft costs 45% more; half of the drafts accepted: 1.5 tokens for 1.45 the time, a
     # 3.4% gain: inside the 5% margin, so plain steps; with no margin, one draft.
@@ -216,7 +216,7 @@ def test_load_aware_length_drafts_only_for_a_gain_beyond_its_margin():
 
 
 def test_load_aware_width_follows_the_drafts_confidences():
-    from dspark.decoding.batch import BatchStepCost, LoadAwareDraftLength
+    from dspark.decoding.draft_length import BatchStepCost, LoadAwareDraftLength
     from dspark.decoding.drafters import Proposal
 
     # Two sequences; each verified draft adds a fifth of a plain step.
@@ -245,7 +245,7 @@ def engine_left_behind(decoder) -> bool:
 
 
 def test_greedy_batch_with_the_load_aware_length_is_unchanged(tiny_targets):
-    from dspark.decoding.batch import LoadAwareDraftLength, measure_batch_cost
+    from dspark.decoding.draft_length import LoadAwareDraftLength, measure_batch_cost
 
     target = tiny_targets["qwen3"]
     torch.manual_seed(0)
@@ -273,7 +273,7 @@ def test_greedy_batch_with_the_load_aware_length_is_unchanged(tiny_targets):
 
 
 def test_a_sequence_alone_drafts_by_its_confidence_head(tiny_targets):
-    from dspark.decoding.batch import BatchStepCost, LoadAwareDraftLength
+    from dspark.decoding.draft_length import BatchStepCost, LoadAwareDraftLength
 
     target = tiny_targets["qwen3"]
     torch.manual_seed(0)

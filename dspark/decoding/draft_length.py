@@ -14,6 +14,11 @@ rule: at slot ``j`` it knows ``c_0 .. c_j`` only, extrapolates later slots with 
 (a geometric tail), and stops before slot ``j`` when no length that includes it beats
 stopping there. Whether slot ``j`` is verified depends only on the drafts before it, so
 rejection sampling stays exact and greedy output unchanged.
+
+A batch of sequences (`dspark.decoding.batch.BatchedEngine`) has its own rule,
+`LoadAwareDraftLength`: one length per step for the whole batch from ``T(batch, tokens)``
+(`measure_batch_cost`, a `BatchStepCost`) and the acceptance seen so far, zero included,
+then the step's width from the drafts' confidences.
 """
 
 from __future__ import annotations
@@ -23,11 +28,15 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from dspark.decoding.verify import FIRST_ROWS
 from dspark.errors import DSparkError
+
+if TYPE_CHECKING:
+    from dspark.decoding.drafters import Proposal
 
 
 @dataclass(frozen=True)
@@ -173,3 +182,199 @@ def measure_step_cost(target, drafter, *, repeats: int = 5, context_tokens: int 
     if saved_cost is not None:
         drafter.step_cost = saved_cost
     return StepCost(tuple(verify), statistics.median(draft))
+
+
+@dataclass(frozen=True)
+class BatchStepCost:
+    """Seconds of one batched step on this machine: ``seconds[(b, w)]`` for ``b`` sequences
+    of ``w`` tokens each (the anchor and ``w - 1`` drafts), measured by `measure_batch_cost`
+    as the engine runs it: with a drafter, its proposals, the capture of its layers and the
+    bookkeeping are in the figure. ``draft_seconds``: one sequence's proposal of the most
+    drafts, for reports."""
+
+    batches: tuple[int, ...]
+    widths: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]  # [batch index][width index]
+    draft_seconds: float = 0.0
+
+    def step_seconds(self, b: int, w: int) -> float:
+        """Interpolated linearly in the batch size, at the nearest measured width at or above ``w``."""
+        wi = next((i for i, x in enumerate(self.widths) if x >= w), len(self.widths) - 1)
+        col = [row[wi] for row in self.seconds]
+        if b <= self.batches[0]:
+            return col[0] * b / self.batches[0]
+        for i in range(1, len(self.batches)):
+            b0, b1, t0, t1 = self.batches[i - 1], self.batches[i], col[i - 1], col[i]
+            if b <= b1:
+                return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
+        return col[-1] * b / self.batches[-1]
+
+
+class _FixedLength:
+    """A draft-length rule that always answers ``k`` (for measuring steps)."""
+
+    k = 0
+
+    def pick(self, b: int) -> int:
+        return self.k
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+@torch.inference_mode()
+def measure_batch_cost(
+    decoder, *, max_width: int, drafter=None, capture: tuple[int, ...] = (), context: int = 64, repeats: int = 3
+) -> BatchStepCost:
+    """Time batched steps for batch sizes 1, 2, 4, ... up to the decoder's slots and widths
+    1 .. ``max_width``, over ``context`` cached tokens: without a drafter `SlotDecoder.extend`
+    alone; with one, whole `BatchedEngine` steps of sequences drafting ``w - 1`` tokens each
+    (forks of ``drafter``, which reads the layers ``capture``), so the figure holds what
+    drafting costs. The slots are scratch: call it before serving. The median of ``repeats``
+    runs each, made non-decreasing in the width (`monotone_costs`)."""
+    from dspark.decoding.batch import BatchedEngine, Sequence
+
+    batches = sorted({min(decoder.slots, 2**i) for i in range(decoder.slots.bit_length() + 1)})
+    widths = tuple(range(1, max_width + 1))
+    prompt = [1 + (i % 7) for i in range(context)]
+
+    def timed(run) -> float:
+        return median_seconds(run, repeats)
+
+    table = []
+    draft_seconds = 0.0
+    if drafter is None:
+        for slot in range(decoder.slots):
+            decoder.prefill(slot, prompt)
+        for b in batches:
+            row = []
+            for w in widths:
+
+                def extend(b=b, w=w) -> None:
+                    decoder.extend([[2] * w for _ in range(b)])
+                    for slot in range(b):
+                        decoder.set_length(slot, context)
+
+                row.append(timed(extend))
+            table.append(tuple(monotone_costs(row)))
+    else:
+        from dspark.decoding.drafters import fork_drafter, model_drafter_of
+        from dspark.decoding.sampling import SamplingParams
+
+        drafter = model_drafter_of(drafter)  # price the model's drafts: drafts without a model cost less
+        growth = repeats * sum(widths) + 1  # the most a sequence can advance while measured
+        room = decoder.max_len - context - max_width - 1
+        if room < growth:
+            raise DSparkError(
+                f"slots of {decoder.max_len} positions are too short to measure steps (context {context})"
+            )
+        fixed = _FixedLength()
+        engine = BatchedEngine(decoder, capture=capture, draft_length=fixed)
+        for b in batches:
+            seqs = [
+                Sequence(
+                    prompt=prompt,
+                    max_new_tokens=room,
+                    drafter=fork_drafter(drafter),
+                    num_speculative_tokens=max_width - 1,
+                )
+                for _ in range(b)
+            ]
+            for seq in seqs:
+                engine.add(seq)
+            row = []
+            for w in widths:
+                fixed.k = w - 1
+                row.append(timed(engine.step))
+            for seq in seqs:
+                engine.cancel(seq)
+            table.append(tuple(monotone_costs(row)))
+        probe = fork_drafter(drafter)
+        logits, aux = decoder.prefill(0, prompt, capture)
+        probe.begin(torch.tensor(prompt), aux if probe.aux_layer_ids else None)
+        draft_seconds = timed(lambda: probe.propose(int(logits.argmax()), max_width - 1, SamplingParams(), None))
+    decoder.lengths.zero_()
+    return BatchStepCost(tuple(batches), widths, tuple(table), draft_seconds)
+
+
+class LoadAwareDraftLength:
+    """One draft length per step for the whole batch, from the measured step cost and the
+    acceptance this server has seen: ``k`` maximising ``b · E(k) / T(b, k + 1)``
+    tokens per second, where ``E(k) = 1 + a_1 + a_1 a_2 + ...`` from running per-position
+    acceptance rates ``a_j`` (exponentially weighted; optimistic 0.5 before any data) and
+    ``T`` the measured step, drafting included. ``k = 0`` (a plain step) is a choice: under
+    load a full batch of drafts can cost more than it brings. A length that drafts must beat
+    the plain step by ``margin`` (a share of its rate): the table is measured on a shared
+    machine, and a gain inside its error is a coin toss that plain decoding never loses. The
+    rule looks only at past steps, so verification and its guarantees are untouched. Once
+    a step drafts, `width` sets how many drafts the batch verifies from the drafts' own
+    confidences."""
+
+    def __init__(self, cost: BatchStepCost, max_drafts: int, *, decay: float = 0.98, margin: float = 0.05) -> None:
+        if margin < 0:
+            raise ValueError(f"margin must be >= 0, got {margin}")
+        self.cost, self.max_drafts, self.decay = cost, min(max_drafts, cost.widths[-1] - 1), decay
+        self.margin = margin
+        self._solo: StepCost | None = None
+        self.attempts = [1.0] * self.max_drafts  # prior: one attempt, half accepted
+        self.accepts = [0.5] * self.max_drafts
+        self.chosen: list[int] = []  # the length picked at each step (for reports)
+
+    def pick(self, b: int) -> int:
+        if self.chosen and self.chosen[-1] == 0:
+            # Nothing is observed while no one drafts: the estimates drift back toward the
+            # prior, so the rule tries drafting again after a while (and learns if it pays).
+            for j in range(self.max_drafts):
+                self.attempts[j] = self.decay * self.attempts[j] + (1 - self.decay) * 1.0
+                self.accepts[j] = self.decay * self.accepts[j] + (1 - self.decay) * 0.5
+        best, best_rate = 0, (1.0 + self.margin) * b / self.cost.step_seconds(b, 1)
+        expected, survival = 1.0, 1.0
+        for k in range(1, self.max_drafts + 1):
+            survival *= self.accepts[k - 1] / self.attempts[k - 1]
+            expected += survival
+            rate = b * expected / self.cost.step_seconds(b, k + 1)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        self.chosen.append(best)
+        return best
+
+    def width(self, proposals: list[Proposal], b: int) -> int:
+        """After drafting: how many drafts every sequence verifies this step, ``w`` from 1 to
+        the longest proposal maximising ``sum_s E_s(w) / T(b, w + 1)``, with ``E_s`` from the
+        proposal's own per-slot confidences where its drafter has a confidence head (a
+        lookup hit or a head-less drafter: the running rates). The batch's forward is as wide
+        as its widest row, so a sequence verifies up to ``w`` drafts at no extra cost; the
+        drafting is paid by now and every ``T(b, w + 1)`` with ``w >= 1`` holds it alike. The
+        choice reads no target output, so verification stays exact."""
+        longest = max((len(p) for p in proposals), default=0)
+        if longest <= 1:
+            return longest
+        rates = [a / n for a, n in zip(self.accepts, self.attempts, strict=True)]
+        gains = [0.0] * (longest + 1)  # gains[w]: the batch's expected tokens from slot w - 1
+        for p in proposals:
+            conf = p.confidence.tolist() if p.confidence is not None else None
+            survival = 1.0
+            for j in range(len(p)):
+                survival *= conf[j] if conf is not None else rates[min(j, len(rates) - 1)]
+                gains[j + 1] += survival
+        best, best_rate, expected = 1, 0.0, float(b)
+        for w in range(1, longest + 1):
+            expected += gains[w]
+            rate = expected / self.cost.step_seconds(b, w + 1)
+            if rate > best_rate:
+                best, best_rate = w, rate
+        return best
+
+    def solo_cost(self) -> StepCost:
+        """The one-sequence engine's cost model from the table's batch-of-one row: T(1, m)
+        for 1 .. max_drafts + 1 tokens, drafting included (so no separate draft time)."""
+        if self._solo is None:
+            widths = range(1, self.max_drafts + 2)
+            self._solo = StepCost(tuple(self.cost.step_seconds(1, w) for w in widths), 0.0)
+        return self._solo
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One sequence's step: ``drafted`` drafts verified, the first ``accepted`` accepted."""
+        for j in range(min(drafted, accepted + 1)):
+            self.attempts[j] = self.decay * self.attempts[j] + 1
+            self.accepts[j] = self.decay * self.accepts[j] + (1.0 if j < accepted else 0.0)

@@ -111,7 +111,8 @@ def build_app(opts: ServeOptions):
     def build_batch():
         # Runs on the worker thread. The slot cache is preallocated: --max-model-len positions
         # (default 2048) per slot, plus room for one verification block.
-        from dspark.decoding.batch import BatchedEngine, LoadAwareDraftLength, Sequence, measure_batch_cost
+        from dspark.decoding.batch import BatchedEngine, Sequence
+        from dspark.decoding.draft_length import LoadAwareDraftLength, measure_batch_cost
         from dspark.decoding.drafters import fork_drafter
         from dspark.target.prompts import chat_prefix
         from dspark.target.slots import SlotDecoder, SlotDecoderUnsupportedError
