@@ -119,8 +119,18 @@ def table_row(r: dict) -> str:
         f"{r['outputs_equal_to_sequential']}/{r['requests'] * r.get('rounds', 1)} | "
         f"{r.get('sequential_equal_to_plain', '—')}/{r['requests']} | "
         f"{r.get('sequential_equal_to_plain_batch', '—')}/{r['requests']} | {r['p50_latency_s']:.2f} | "
-        f"{r['p95_latency_s']:.2f} | {r['tokens_per_second']:.1f} | {r['mean_accept_len']:.2f} |" + batch
+        f"{r['p95_latency_s']:.2f} | {r['tokens_per_second']:.1f} | {times_plain(r)} | "
+        f"{r['mean_accept_len']:.2f} |" + batch
     )
+
+
+def times_plain(r: dict) -> str:
+    """``1.05× (1.07, 0.92)``: the row's tok/s over its plain mode's, over all rounds (rounds)."""
+    if "times_plain" not in r:
+        return "—"
+    rounds = r["times_plain_per_round"]
+    each = f" ({', '.join(f'{x:.2f}' for x in rounds)})" if len(rounds) > 1 else ""
+    return f"{r['times_plain']:.2f}×{each}"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -266,6 +276,21 @@ def main() -> None:
         if plain_batch is not None and name.endswith("-batch"):
             row["sequential_equal_to_plain_batch"] = sum(a == b for a, b in zip(mine, plain_batch, strict=True))
         reference = plain_batch if plain_batch is not None and name.endswith("-batch") else plain
+        # Throughput against the plain mode of the same engine at the same level, per round too:
+        # the modes of a round ran next to each other, so a round's ratio is the fair one.
+        base = next(
+            (
+                r
+                for r in rows
+                if r["clients"] == row["clients"]
+                and r["mode"] == ("plain-batch" if name.endswith("-batch") else "plain") + suffix
+            ),
+            None,
+        )
+        if base is not None:
+            row["times_plain"] = row["tokens_per_second"] / base["tokens_per_second"]
+            pairs = zip(row["tokens_per_second_per_round"], base["tokens_per_second_per_round"], strict=True)
+            row["times_plain_per_round"] = [a / b for a, b in pairs]
         if reference is not None and row["clients"] == args.levels[0]:
             failures += len(reference) - sum(a == b for a, b in zip(mine, reference, strict=True))
     result = {
@@ -289,8 +314,8 @@ def main() -> None:
     lines = [
         "| mode | clients | requests | errors | outputs == sequential | sequential == plain "
         "| sequential == plain batched | p50 latency (s) "
-        "| p95 latency (s) | total tok/s | mean accept_len | mean batch | drafts / sequence-step |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| p95 latency (s) | total tok/s | × plain (rounds) | mean accept_len | mean batch | drafts / sequence-step |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [table_row(r) for r in rows]
     lines += ["", f"Compute dtype (each server's /health): {', '.join(sorted(set(served.values())))}."]
