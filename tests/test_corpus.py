@@ -123,6 +123,41 @@ def test_slot_decoder_reuses_a_shared_prefix_exactly(tiny_targets):
         assert got[i] == ref[0, len(ids) :].tolist(), i
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_prefill_equals_prefills_one_by_one(tiny_targets, dtype):
+    """`prefill_many` (the prompts' rows in one product) leaves every slot's cache and first
+    logits as `prefill` does, with a shared prefix copied or not: bit for bit in bf16 (a
+    row's bits do not depend on a product's row count there); in float32 a many-row product
+    may sum in another order, so to rounding."""
+    import copy
+
+    from dspark.target.slots import shared_prefix
+
+    model = copy.deepcopy(tiny_targets["qwen3"].model).to(dtype)
+    tok = tiny_targets["qwen3"].tokenizer
+    head = "system: you are a careful helper.\nuser: "
+    prompts = [tok(head + t)["input_ids"] for t in ("add two numbers", "x", "sort a list of words by length")]
+    prompts.append(tok("no shared head here")["input_ids"])
+    one, packed = (SlotDecoder(model, slots=6, max_len=96) for _ in range(2))
+    for decoder in (one, packed):
+        decoder.set_prefix(shared_prefix(prompts[:3]))
+    slots = [4, 0, 2, 5]  # any slots, any order
+    expected = torch.stack([one.prefill(s, ids) for s, ids in zip(slots, prompts, strict=True)])
+    got = packed.prefill_many(slots, prompts)
+
+    def same(a, b):
+        return torch.equal(a, b) if dtype == torch.bfloat16 else torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+    assert same(got, expected) and torch.equal(got.argmax(-1), expected.argmax(-1))
+    assert torch.equal(one.lengths, packed.lengths) and packed.alloc == one.alloc
+    for i in range(len(one.layers)):
+        for s, ids in zip(slots, prompts, strict=True):
+            assert same(one.k[i][s, :, : len(ids)], packed.k[i][s, :, : len(ids)])
+            assert same(one.v[i][s, :, : len(ids)], packed.v[i][s, :, : len(ids)])
+    with pytest.raises(ValueError, match="twice"):
+        packed.prefill_many([1, 1], prompts[:2])
+
+
 def test_slot_sampling_is_per_prompt_and_reproducible(tiny_targets):
     target = tiny_targets["qwen3"]
     prompts = [target.tokenizer(t)["input_ids"] for t in ("a", "b c", "def f(")]

@@ -196,6 +196,67 @@ class SlotDecoder:
             aux = torch.cat([head[0], aux])
         return self._logits(h[0, -1]), aux
 
+    @torch.inference_mode()
+    def prefill_many(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """`prefill` of several slots in one forward: the prompts' rows packed into one matrix
+        for every product, each prompt's attention over its own slot. The logits [len(slots),
+        V] of each prompt's last position. In bf16 the caches and logits equal ``prefill``'s
+        one by one bit for bit (a row's bits do not depend on a product's row count on CPUs;
+        tested); in float32 a many-row product may sum in another order (to rounding, as a
+        batched decode step already does). No capture (the datagen engine's fill)."""
+        if len(slots) != len(prompts) or not slots:
+            raise ValueError("prefill_many: one prompt per slot, at least one")
+        if len(set(slots)) != len(slots):
+            raise ValueError("prefill_many: a slot appears twice")
+        for ids in prompts:
+            if not 0 < len(ids) < self.max_len:
+                raise DSparkError(f"a prompt of {len(ids)} tokens does not fit a slot of {self.max_len}")
+        self._ensure(max(len(ids) for ids in prompts) + 1)
+        pasts, news = [], []
+        for slot, ids in zip(slots, prompts, strict=True):
+            past = 0
+            if (
+                self._prefix is not None
+                and len(ids) > len(self._prefix)
+                and list(ids[: len(self._prefix)]) == self._prefix
+            ):
+                past = len(self._prefix)
+                for i in range(len(self.layers)):
+                    self.k[i][slot, :, :past] = self._prefix_kv[i][0]
+                    self.v[i][slot, :, :past] = self._prefix_kv[i][1]
+            pasts.append(past)
+            news.append(list(ids[past:]))
+        counts = [len(n) for n in news]
+        x = torch.tensor([[t for n in news for t in n]], device=self.device)
+        positions = torch.cat([torch.arange(p, p + c, device=self.device) for p, c in zip(pasts, counts, strict=True)])[
+            None
+        ]
+        h = self.inner.embed_tokens(x)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), positions)
+            outs, start = [], 0
+            for slot, past, c in zip(slots, pasts, counts, strict=True):
+                seg = slice(start, start + c)
+                self.k[i][slot, :, past : past + c] = k[0, :, seg]
+                self.v[i][slot, :, past : past + c] = v[0, :, seg]
+                keys, values = self.k[i][slot : slot + 1, :, : past + c], self.v[i][slot : slot + 1, :, : past + c]
+                if self.device.type == "cpu":
+                    outs.append(block_attention(q[:, :, seg], keys, values, scale=self.scale))
+                elif past:
+                    mask = torch.arange(past + c, device=self.device)[None, :] <= positions[0, seg][:, None]
+                    outs.append(self._attend(q[:, :, seg], keys, values, mask))
+                else:
+                    outs.append(self._attend(q[:, :, seg], k[:, :, seg], v[:, :, seg], causal=True))
+                start += c
+            h = self._finish(layer, h, torch.cat(outs, dim=2))
+        for slot, ids in zip(slots, prompts, strict=True):
+            self.lengths[slot] = len(ids)
+        self.last_prefill_cached = sum(pasts)
+        # Each prompt's logits as `prefill` computes them (one row: in float32 a one-row
+        # product sums in another order than a many-row one).
+        ends = torch.tensor(counts).cumsum(0) - 1
+        return torch.stack([self._logits(h[0, int(j)]) for j in ends])
+
     def _aux(self, states: dict[int, torch.Tensor], capture: Sequence[int], h: torch.Tensor) -> torch.Tensor:
         """[B, T, len(capture)·H]: id i is the input of layer i, id ``len(layers)`` the final
         normed state (HF ``hidden_states[i]``)."""
@@ -406,27 +467,48 @@ def continuous_generate(
         probs = probabilities(logits[None], params)[0]
         return int(torch.multinomial(probs, 1, generator=gens[slot]))
 
-    def fill(slot: int) -> bool:
-        """Start the next prompt in ``slot``; False when none is left."""
-        for index in queue:
-            ids = prompts[index]
-            if len(ids) + max_new_tokens > decoder.max_len:
-                raise DSparkError(
-                    f"prompt {index}: {len(ids)} tokens + {max_new_tokens} new do not fit {decoder.max_len} positions"
-                )
-            gens[slot] = None if params.greedy else torch.Generator().manual_seed(seed + index)
-            first = pick(decoder.prefill(slot, ids), slot)
-            if first in stop_ids or max_new_tokens == 1:
-                done.append((index, [first]))
-                continue
-            owner[slot], out[slot], next_tok[slot] = index, [first], first
-            return True
-        return False
+    def fill(empty: list[int]) -> list[int]:
+        """Start the next prompts in the ``empty`` slots, their prompts prefilled together
+        (`SlotDecoder.prefill_many`); the slots left empty when the prompts run out."""
+        empty = list(empty)
+        while empty:
+            batch: list[tuple[int, int]] = []  # (slot, prompt index)
+            for slot in empty:
+                index = next(queue, None)
+                if index is None:
+                    break
+                if len(prompts[index]) + max_new_tokens > decoder.max_len:
+                    raise DSparkError(
+                        f"prompt {index}: {len(prompts[index])} tokens + {max_new_tokens} new do not fit "
+                        f"{decoder.max_len} positions"
+                    )
+                batch.append((slot, index))
+            if not batch:
+                break
+            empty = empty[len(batch) :]
+            logits = decoder.prefill_many([slot for slot, _ in batch], [prompts[i] for _, i in batch])
+            for (slot, index), row in zip(batch, logits, strict=True):
+                gens[slot] = None if params.greedy else torch.Generator().manual_seed(seed + index)
+                first = pick(row, slot)
+                if first in stop_ids or max_new_tokens == 1:
+                    done.append((index, [first]))
+                    empty.append(slot)  # answered already: the slot takes the next prompt
+                    continue
+                owner[slot], out[slot], next_tok[slot] = index, [first], first
+        return empty
+
+    def close(holes: list[int], active: int) -> int:
+        """Keep the sequences in progress in the first slots: the last ones move into the holes."""
+        for hole in sorted(holes, reverse=True):
+            last = active - 1
+            if hole != last:
+                decoder.move(last, hole)
+                owner[hole], out[hole], gens[hole], next_tok[hole] = owner[last], out[last], gens[last], next_tok[last]
+            active -= 1
+        return active
 
     decoder.set_prefix(shared_prefix(prompts))
-    active = 0
-    while active < decoder.slots and fill(active):
-        active += 1
+    active = close(fill(list(range(decoder.slots))), decoder.slots)
     while True:
         yield from done
         done.clear()
@@ -435,20 +517,13 @@ def continuous_generate(
         logits = decoder.decode(next_tok[:active], active)
         # (Sampling: each row draws with its own generator.)
         chosen = logits.argmax(dim=-1).tolist() if params.greedy else sample_rows(logits, params, gens[:active])
-        free = []
+        finished = []
         for slot in range(active):
             tok = chosen[slot]
             out[slot].append(tok)
             if tok in stop_ids or len(out[slot]) >= max_new_tokens:
                 done.append((owner[slot], out[slot]))
-                if not fill(slot):
-                    free.append(slot)
+                finished.append(slot)
             else:
                 next_tok[slot] = tok
-        # Keep the sequences in progress in the first slots: the last ones move into the holes.
-        for hole in sorted(free, reverse=True):
-            last = active - 1
-            if hole != last:
-                decoder.move(last, hole)
-                owner[hole], out[hole], gens[hole], next_tok[hole] = owner[last], out[last], gens[last], next_tok[last]
-            active -= 1
+        active = close(fill(finished), active)
