@@ -184,7 +184,7 @@ class BatchedEngine:
             cap = self.draft_length.pick(len(self.active))
         # A rule that sets the width from the drafts' own confidences (`LoadAwareDraftLength.width`)
         # decides here only whether the batch drafts; each sequence then drafts its longest.
-        trim = bool(cap) and hasattr(self.draft_length, "width") and len(self.active) > 1
+        trim = bool(cap) and isinstance(self.draft_length, LoadAwareDraftLength) and len(self.active) > 1
         if trim:
             cap = self.draft_length.max_drafts
         ks = []

@@ -176,12 +176,7 @@ class SlotDecoder:
         if not 0 < t < self.max_len:
             raise DSparkError(f"a prompt of {t} tokens does not fit a slot of {self.max_len}")
         self._ensure(t + 1)
-        past = 0
-        if self._prefix is not None and t > len(self._prefix) and list(ids[: len(self._prefix)]) == self._prefix:
-            past = len(self._prefix)
-            for i in range(len(self.layers)):
-                self.k[i][slot, :, :past] = self._prefix_kv[i][0]
-                self.v[i][slot, :, :past] = self._prefix_kv[i][1]
+        past = self._copy_prefix(slot, ids)
         capture = tuple(capture)
         states: dict[int, torch.Tensor] = {}
         h = self._run_prompt(slot, ids[past:], past, states, capture)
@@ -212,20 +207,8 @@ class SlotDecoder:
             if not 0 < len(ids) < self.max_len:
                 raise DSparkError(f"a prompt of {len(ids)} tokens does not fit a slot of {self.max_len}")
         self._ensure(max(len(ids) for ids in prompts) + 1)
-        pasts, news = [], []
-        for slot, ids in zip(slots, prompts, strict=True):
-            past = 0
-            if (
-                self._prefix is not None
-                and len(ids) > len(self._prefix)
-                and list(ids[: len(self._prefix)]) == self._prefix
-            ):
-                past = len(self._prefix)
-                for i in range(len(self.layers)):
-                    self.k[i][slot, :, :past] = self._prefix_kv[i][0]
-                    self.v[i][slot, :, :past] = self._prefix_kv[i][1]
-            pasts.append(past)
-            news.append(list(ids[past:]))
+        pasts = [self._copy_prefix(slot, ids) for slot, ids in zip(slots, prompts, strict=True)]
+        news = [list(ids[past:]) for ids, past in zip(prompts, pasts, strict=True)]
         counts = [len(n) for n in news]
         x = torch.tensor([[t for n in news for t in n]], device=self.device)
         positions = torch.cat([torch.arange(p, p + c, device=self.device) for p, c in zip(pasts, counts, strict=True)])[
@@ -237,16 +220,7 @@ class SlotDecoder:
             outs, start = [], 0
             for slot, past, c in zip(slots, pasts, counts, strict=True):
                 seg = slice(start, start + c)
-                self.k[i][slot, :, past : past + c] = k[0, :, seg]
-                self.v[i][slot, :, past : past + c] = v[0, :, seg]
-                keys, values = self.k[i][slot : slot + 1, :, : past + c], self.v[i][slot : slot + 1, :, : past + c]
-                if self.device.type == "cpu":
-                    outs.append(block_attention(q[:, :, seg], keys, values, scale=self.scale))
-                elif past:
-                    mask = torch.arange(past + c, device=self.device)[None, :] <= positions[0, seg][:, None]
-                    outs.append(self._attend(q[:, :, seg], keys, values, mask))
-                else:
-                    outs.append(self._attend(q[:, :, seg], k[:, :, seg], v[:, :, seg], causal=True))
+                outs.append(self._prompt_attention(i, slot, past, q[:, :, seg], k[:, :, seg], v[:, :, seg]))
                 start += c
             h = self._finish(layer, h, torch.cat(outs, dim=2))
         for slot, ids in zip(slots, prompts, strict=True):
@@ -269,25 +243,39 @@ class SlotDecoder:
         t = len(ids)
         x = torch.tensor([list(ids)], device=self.device)
         positions = torch.arange(past, past + t, device=self.device)[None]
-        mask = None
-        if past and self.device.type != "cpu":  # the new tokens see the cached prefix and, causally, each other
-            mask = torch.arange(past + t, device=self.device)[None, :] <= positions[0][:, None]
         h = self.inner.embed_tokens(x)
         for i, layer in enumerate(self.layers):
             if i in capture:
                 states[i] = h
             q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), positions)
-            self.k[i][slot, :, past : past + t] = k[0]
-            self.v[i][slot, :, past : past + t] = v[0]
-            keys, values = self.k[i][slot : slot + 1, :, : past + t], self.v[i][slot : slot + 1, :, : past + t]
-            if self.device.type == "cpu":  # the same sums as every other step (attention.py)
-                out = block_attention(q, keys, values, scale=self.scale)
-            elif past:
-                out = self._attend(q, keys, values, mask)
-            else:
-                out = self._attend(q, k, v, causal=True)
-            h = self._finish(layer, h, out)
+            h = self._finish(layer, h, self._prompt_attention(i, slot, past, q, k, v))
         return h
+
+    def _copy_prefix(self, slot: int, ids: Sequence[int]) -> int:
+        """Copy the `set_prefix` keys and values into ``slot`` when ``ids`` begins with that
+        prefix (and is longer); the positions copied (0 when it does not)."""
+        n = len(self._prefix) if self._prefix is not None else 0
+        if not n or len(ids) <= n or list(ids[:n]) != self._prefix:
+            return 0
+        for i in range(len(self.layers)):
+            self.k[i][slot, :, :n] = self._prefix_kv[i][0]
+            self.v[i][slot, :, :n] = self._prefix_kv[i][1]
+        return n
+
+    def _prompt_attention(self, i: int, slot: int, past: int, q, k, v) -> torch.Tensor:
+        """Layer ``i`` of a prompt's prefill in ``slot``: its new keys / values ([1, KV, t, D])
+        written after the ``past`` cached ones, and its queries' attention over the slot,
+        each seeing the cached positions and, causally, the new ones."""
+        t = q.shape[2]
+        self.k[i][slot, :, past : past + t] = k[0]
+        self.v[i][slot, :, past : past + t] = v[0]
+        keys, values = self.k[i][slot : slot + 1, :, : past + t], self.v[i][slot : slot + 1, :, : past + t]
+        if self.device.type == "cpu":  # the same sums as every other step (attention.py)
+            return block_attention(q, keys, values, scale=self.scale)
+        if past:
+            seen = torch.arange(past + t, device=self.device)
+            return self._attend(q, keys, values, seen[None, :] <= (past + torch.arange(t, device=self.device))[:, None])
+        return self._attend(q, k, v, causal=True)
 
     @torch.inference_mode()
     def set_prefix(self, ids: Sequence[int]) -> None:
