@@ -50,11 +50,13 @@ if [ "${FEATURES:-cache}" = stream ]; then
   configs=()
   for method in $METHODS; do configs+=(--config "recipes/smollm2-135m-$method.yaml"); done
   if [ ${#configs[@]} -gt 0 ]; then
-    # TARGET_THREADS: torch threads of the target process (on 2 cores, 2 gained nothing
-    # measurable for one streamed drafter; give it the cores the trainers leave on a bigger machine).
+    # TARGET_WORKERS: one-thread target processes, each computing every N-th row (2 on these
+    # 2 cores: the trainers wait on one). TARGET_THREADS: torch threads of each.
+    workers=${TARGET_WORKERS:-2}
     threads=${TARGET_THREADS:-1}
     OMP_NUM_THREADS=1 .venv/bin/dspark train "${configs[@]}" --no-progress --set source=online --set target_dtype=bfloat16 \
-      --set target_threads="$threads" --set train.steps="$steps" "${limit[@]}" > "$C/train-together.log" 2>&1
+      --set target_threads="$threads" --set target_workers="$workers" --set train.steps="$steps" "${limit[@]}" \
+      > "$C/train-together.log" 2>&1
   fi
 else
   .venv/bin/dspark cache-features --data "$C/train.jsonl" --out "$C/features-bf16" --aux-layers 2,15,27 --seq-len 512 \

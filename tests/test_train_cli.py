@@ -249,7 +249,12 @@ def test_recipe_target_dtype_picks_the_features_dtype(tiny_target_dirs, data, tm
     online = build_source(load_recipe(cfg, ["source=online", "target_dtype=bfloat16"]), (0, 1))
     assert online.args[-2:] == ("bfloat16", 1)  # dtype, and the worker's one torch thread by default
     two = build_source(load_recipe(cfg, ["source=online", "target_threads=2"]), (0, 1))
-    assert two.args[-1] == 2
+    assert two.args[-1] == 2 and two.workers == 1
+    assert build_source(load_recipe(cfg, ["source=online", "target_workers=3"]), (0, 1)).workers == 3
+    with pytest.raises(ConfigError, match="target_workers must be an integer >= 1"):
+        load_recipe(cfg, ["source=online", "target_workers=0"])
+    with pytest.raises(ConfigError, match="target_workers applies to source: online"):
+        load_recipe(cfg, ["source=inprocess", "target_workers=2"])
     with pytest.raises(ConfigError, match="target_threads must be an integer >= 1"):
         load_recipe(cfg, ["source=online", "target_threads=0"])
     with pytest.raises(ConfigError, match="target_threads applies to source: online"):

@@ -9,7 +9,7 @@ import torch
 from helpers import untrained_drafter
 
 from dspark.decoding import DSparkDrafter, SpeculativeEngine
-from dspark.errors import CheckpointError
+from dspark.errors import CheckpointError, DSparkError
 from dspark.formats.checkpoint import load_drafter
 from dspark.training.data import InProcessSource, OnlineSource, load_examples, save_examples
 from dspark.training.datagen import self_distill
@@ -79,6 +79,78 @@ def test_online_training_raises_simulated_and_real_acceptance(tiny_targets, tiny
         target.tokenizer("the answer for")["input_ids"], max_new_tokens=48, stop_token_ids=set()
     )
     assert real_after.tokens == plain.tokens  # a trained drafter is still lossless
+
+
+def test_online_workers_stream_the_order_and_features_of_one_worker(tiny_target_dirs, data):
+    """Two target processes, each computing every other row, give the rows one process gives:
+    same positions, same examples, same features, from a start that is not a multiple of two
+    and across an epoch boundary (20 rows)."""
+    aux = (1, 2)
+
+    def rows(workers):
+        src = OnlineSource(tiny_target_dirs["qwen3"], data, aux, seed=3, max_len=256, workers=workers)
+        return list(src.batches(17, 7))
+
+    one, two = rows(1), rows(2)
+    assert [b.index for b in two] == [b.index for b in one] == list(range(17, 24))
+    for a, b in zip(one, two, strict=True):
+        assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
+        assert torch.equal(a.aux_hidden, b.aux_hidden) and torch.equal(a.last_hidden, b.last_hidden)
+
+
+def test_online_source_names_a_worker_that_died(tiny_target_dirs, data):
+    import os
+    import signal
+
+    src = OnlineSource(tiny_target_dirs["qwen3"], data, (1, 2), seed=0, max_len=256, workers=2, queue_size=1)
+    rows = src.batches(0, 400)
+    next(rows)
+    os.kill(src._procs[1].pid, signal.SIGKILL)
+    with pytest.raises(DSparkError, match="target worker 1 exited"):
+        for _ in rows:
+            pass
+    assert src._procs == []  # closed: the other worker was stopped
+
+
+def test_online_workers_exit_when_their_trainer_is_killed(tiny_target_dirs, data, tmp_path):
+    """A trainer killed without its clean-up (SIGKILL) leaves no target process computing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import sys, time\n"
+        "from dspark.training.data import OnlineSource\n"
+        "src = OnlineSource(sys.argv[1], sys.argv[2], (1, 2), seed=0, max_len=256, workers=2, queue_size=1)\n"
+        "rows = src.batches(0, 10_000)\n"
+        "next(rows)\n"
+        "print(' '.join(str(p.pid) for p in src._procs), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(tiny_target_dirs["qwen3"]), str(data)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        with open(f"/proc/{pid}/stat") as fh:  # a zombie has exited
+            return fh.read().split(")")[-1].split()[0] != "Z"
+
+    deadline = time.monotonic() + 15
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids)
 
 
 def losses(run_dir):

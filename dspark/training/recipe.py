@@ -8,7 +8,8 @@ out: runs/my-drafter
 device: cpu                  # cpu | cuda | cuda:N | auto: where the drafter (and an in-process target) runs
 source: online               # online (target in a worker process) | inprocess | offline (+ cache: DIR)
 target_dtype: float32        # or bfloat16 (~1.7x faster features on CPUs with AVX512-BF16): online, inprocess, ray
-target_threads: 1            # torch threads of the online source's target process (the trainer has its own)
+target_threads: 1            # torch threads of each of the online source's target processes (the trainer has its own)
+target_workers: 1            # the online source's target processes (each computes every N-th row)
                              # | vllm (+ vllm: {url: URL}: a `dspark vllm-hidden-states` server) | ray
 drafter:                     # init options (or `path:` to continue from a drafter directory)
   layers: 1
@@ -39,6 +40,7 @@ TOP_KEYS = {
     "target",
     "target_dtype",
     "target_threads",
+    "target_workers",
     "data",
     "out",
     "device",
@@ -64,7 +66,8 @@ class Recipe:
     out: Path
     source: str = "online"
     target_dtype: str = "float32"  # what the target computes features in (online, inprocess, ray)
-    target_threads: int = 1  # torch threads of the online source's target process
+    target_threads: int = 1  # torch threads of each of the online source's target processes
+    target_workers: int = 1  # the online source's target processes
     device: str = "cpu"  # cpu, cuda, cuda:N or auto
     cache: Path | None = None  # feature cache directory for source: offline
     ray: dict = field(default_factory=dict)  # RaySource options for source: ray
@@ -147,6 +150,11 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"{src}: target_threads must be an integer >= 1, got {target_threads!r}")
     if target_threads != 1 and source != "online":
         raise ConfigError(f"{src}: target_threads applies to source: online (its target process), not {source}")
+    target_workers = raw.get("target_workers", 1)
+    if type(target_workers) is not int or target_workers < 1:
+        raise ConfigError(f"{src}: target_workers must be an integer >= 1, got {target_workers!r}")
+    if target_workers != 1 and source != "online":
+        raise ConfigError(f"{src}: target_workers applies to source: online (its target processes), not {source}")
     device = str(raw.get("device", "cpu"))
     if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
         raise ConfigError(f"{src}: device must be cpu, cuda, cuda:N or auto, got {device!r}")
@@ -194,6 +202,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         source=source,
         target_dtype=target_dtype,
         target_threads=target_threads,
+        target_workers=target_workers,
         device=device,
         preset=raw.get("preset"),
         drafter=drafter,

@@ -45,7 +45,9 @@ def build_source(recipe: Recipe, aux, target=None):
 
         return OfflineSource(recipe.cache, aux, seed=recipe.train.seed, limit=limit)
     if recipe.source == "online":  # the worker process loads its own copy of the target
-        return OnlineSource(recipe.target, recipe.data, aux, threads=recipe.target_threads, **streaming)
+        return OnlineSource(
+            recipe.target, recipe.data, aux, threads=recipe.target_threads, workers=recipe.target_workers, **streaming
+        )
     examples = _first(load_examples(recipe.data, max_len=recipe.train.seq_len), limit, recipe.data)
     if recipe.source == "vllm":
         from dspark.training.vllm_source import VllmSource

@@ -31,7 +31,7 @@ from dspark.training.data import FeatureBatch, _from_wire, _to_wire
 from dspark.training.recipe import Recipe
 
 # What the features and their order depend on: these must be equal across the recipes.
-SHARED_TOP = ("target", "target_dtype", "target_threads", "data", "source", "cache", "ray", "vllm")
+SHARED_TOP = ("target", "target_dtype", "target_threads", "target_workers", "data", "source", "cache", "ray", "vllm")
 SHARED_TRAIN = ("seed", "steps", "grad_accum", "seq_len", "max_examples")
 POLL = 0.5  # seconds between liveness checks while waiting on a queue
 
