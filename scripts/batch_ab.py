@@ -35,9 +35,10 @@ def main() -> None:
     from dspark.bench.provenance import provenance
     from dspark.datasets import load_prompts
     from dspark.decoding.batch import BatchedEngine, Sequence
-    from dspark.decoding.draft_length import LoadAwareDraftLength, measure_batch_cost
+    from dspark.decoding.draft_length import LoadAwareDraftLength
     from dspark.decoding.drafters import fork_drafter
     from dspark.decoding.factory import make_drafter
+    from dspark.decoding.step_timing import measure_batch_cost
     from dspark.defaults import default_draft_dir, resolve_target
     from dspark.target import TargetModel
     from dspark.target.prompts import encode_prompt

@@ -26,8 +26,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    from dspark.decoding.draft_length import measure_batch_cost
     from dspark.decoding.factory import make_drafter
+    from dspark.decoding.step_timing import measure_batch_cost
     from dspark.defaults import default_draft_dir, resolve_target
     from dspark.target import TargetModel
     from dspark.target.slots import SlotDecoder

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 def timed(run, repeats: int = 10) -> float:
     """One warm-up call, then the median of ``repeats``."""
-    from dspark.decoding.draft_length import median_seconds
+    from dspark.decoding.step_timing import median_seconds
 
     run()
     return median_seconds(run, repeats)

@@ -245,7 +245,8 @@ def engine_left_behind(decoder) -> bool:
 
 
 def test_greedy_batch_with_the_load_aware_length_is_unchanged(tiny_targets):
-    from dspark.decoding.draft_length import LoadAwareDraftLength, measure_batch_cost
+    from dspark.decoding.draft_length import LoadAwareDraftLength
+    from dspark.decoding.step_timing import measure_batch_cost
 
     target = tiny_targets["qwen3"]
     torch.manual_seed(0)

@@ -7,7 +7,7 @@ import torch
 from helpers import untrained_drafter
 
 from dspark.decoding import DSparkDrafter, SamplingParams, SpeculativeEngine, StepCost, measure_step_cost
-from dspark.decoding.draft_length import monotone_costs
+from dspark.decoding.step_timing import monotone_costs
 from dspark.errors import DSparkError
 
 PROMPT = "def add(a, b):\n    return"

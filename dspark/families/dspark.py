@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from dspark.decoding.draft_length import StepCost, measure_step_cost
+from dspark.decoding.draft_length import StepCost
 from dspark.decoding.drafters import DSparkDrafter
+from dspark.decoding.step_timing import measure_step_cost
 from dspark.errors import DSparkError
 from dspark.families.registry import DrafterFamily, register
 from dspark.formats.speculators import from_speculators_dict, require_fields, to_speculators_dict

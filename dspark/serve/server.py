@@ -112,8 +112,9 @@ def build_app(opts: ServeOptions):
         # Runs on the worker thread. The slot cache is preallocated: --max-model-len positions
         # (default 2048) per slot, plus room for one verification block.
         from dspark.decoding.batch import BatchedEngine, Sequence
-        from dspark.decoding.draft_length import LoadAwareDraftLength, measure_batch_cost
+        from dspark.decoding.draft_length import LoadAwareDraftLength
         from dspark.decoding.drafters import fork_drafter
+        from dspark.decoding.step_timing import measure_batch_cost
         from dspark.target.prompts import chat_prefix
         from dspark.target.slots import SlotDecoder, SlotDecoderUnsupportedError
 
