@@ -505,3 +505,31 @@ def test_saved_examples_read_back_the_same(data, tmp_path):
     assert len(again) == 5
     for a, b in zip(examples, again, strict=True):
         assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
+
+
+def test_train_sources_bench_trains_the_same_rows_from_every_source(tiny_target_dirs, data, tmp_path):
+    """The throughput bench's sources feed the same rows in the same order: one and two online
+    workers and the in-process target end at the same loss (bf16 features computed alike)."""
+    from dspark.bench.train_sources import run
+
+    report = run(
+        tiny_target_dirs["qwen3"],
+        data,
+        tmp_path / "sources.json",
+        steps=4,
+        examples=6,
+        seq_len=256,
+        max_anchors=16,
+        draft_vocab=64,
+        mask_token_id=None,
+        seed=0,
+        sources=("online", "inprocess"),
+        workers=(1, 2),
+        target_dtype="bfloat16",
+        rounds=1,
+    )
+    got = report["sources"]
+    assert list(got) == ["online", "online-x2", "inprocess"]
+    assert got["online"]["final_loss"] == got["online-x2"]["final_loss"]
+    assert got["online"]["final_loss"] == pytest.approx(got["inprocess"]["final_loss"], rel=1e-3)
+    assert json.loads((tmp_path / "sources.json").read_text())["provenance"]["target_dtype"] == "bfloat16"
