@@ -2,7 +2,7 @@
 
     python -m dspark.bench.train_sources --target DIR --data FILE.jsonl --out results.json \
         [--sources online,offline,inprocess] [--workers 1,2] [--target-dtype bfloat16] \
-        [--trainer-threads 1] [--rounds 2]
+        [--trainer-threads 1] [--rounds 2] [--markov-rank 64] [--autocast-bf16]
 
 Each source trains a fresh copy of the same drafter for the same steps on the same example
 order; the result gives steps/s and the share of wall time the trainer spent waiting on
@@ -41,6 +41,8 @@ def run(
     workers: tuple[int, ...] = (1,),
     target_dtype: str = "float32",
     rounds: int = 1,
+    markov_rank: int = 256,
+    autocast_bf16: bool = False,
 ) -> dict:
     from dspark.bench.provenance import finished, provenance, write_json
     from dspark.formats.checkpoint import init_drafter
@@ -82,13 +84,24 @@ def run(
         target_dtype=target_dtype,
         trainer_threads=torch.get_num_threads(),
         rounds=rounds,
+        markov_rank=markov_rank,
+        autocast_bf16=autocast_bf16,
     )
     work = Path(tempfile.mkdtemp(prefix="dspark-bench-"))
     subset = save_examples(rows, work / "data.jsonl")
     vocab = mapping_from_counts(assistant_token_counts(rows, target.vocab_size), vd) if vd < target.vocab_size else None
-    config = config_for_target(target, num_layers=1, mask_token_id=mask_token_id, draft_vocab_size=vd)
+    config = config_for_target(
+        target, num_layers=1, mask_token_id=mask_token_id, draft_vocab_size=vd, markov_rank=markov_rank
+    )
     cfg = TrainConfig(
-        steps=steps, lr=3e-4, warmup=2, max_anchors=max_anchors, seq_len=seq_len, checkpoint_every=10**9, seed=seed
+        steps=steps,
+        lr=3e-4,
+        warmup=2,
+        max_anchors=max_anchors,
+        seq_len=seq_len,
+        checkpoint_every=10**9,
+        seed=seed,
+        autocast_bf16=autocast_bf16,
     )
     aux = config.aux_hidden_state_layer_ids
     names = [n for n in sources if n != "online"]
@@ -163,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--target-dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--trainer-threads", type=int, default=None, help="torch threads of the trainer (default: torch's)")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--markov-rank", type=int, default=256)
+    p.add_argument("--autocast-bf16", action="store_true", help="the trainer's backbone in bf16 autocast (as recipes)")
     a = p.parse_args(argv)
     if a.trainer_threads:
         torch.set_num_threads(a.trainer_threads)
@@ -181,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         workers=tuple(int(x) for x in a.workers.split(",") if x.strip()),
         target_dtype=a.target_dtype,
         rounds=a.rounds,
+        markov_rank=a.markov_rank,
+        autocast_bf16=a.autocast_bf16,
     )
     for name, r in report["sources"].items():
         print(f"{name:9s} {r['steps_per_second']:.2f} steps/s, waiting on the source {r['source_wait_fraction']:.0%}")
