@@ -66,6 +66,52 @@ def test_train_from_yaml_then_inspect(tiny_target_dirs, data, tmp_path):
     assert info["format"] == "speculators" and info["valid"]
 
 
+def test_snapshot_writes_a_stage_checkpoint_as_the_drafter_the_run_ends_with(tiny_target_dirs, data, tmp_path):
+    from safetensors.torch import load_file
+
+    cfg = write_recipe(tmp_path / "run.yaml", tiny_target_dirs["qwen3"], data, tmp_path / "run")
+    assert runner.invoke(app, ["train", "--config", str(cfg), "--no-progress"]).exit_code == 0
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["snapshot", str(run), "--out", str(tmp_path / "last")])
+    assert result.exit_code == 0, result.output
+    assert "step 6" in result.stdout
+    final, last = (
+        load_file(str(run / "final" / "model.safetensors")),
+        load_file(str(tmp_path / "last" / "model.safetensors")),
+    )
+    assert final.keys() == last.keys() and all(torch.equal(final[k], last[k]) for k in final)
+    assert runner.invoke(app, ["snapshot", str(run), "--out", str(tmp_path / "s3"), "--step", "3"]).exit_code == 0
+    early = load_file(str(tmp_path / "s3" / "model.safetensors"))
+    assert any(not torch.equal(early[k], final[k]) for k in final)
+    result = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--data",
+            str(data),
+            "--rows",
+            "2",
+            "--draft",
+            str(tmp_path / "s3"),
+            "--target",
+            str(tiny_target_dirs["qwen3"]),
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    # Clear refusals; nothing is overwritten.
+    result = runner.invoke(app, ["snapshot", str(run), "--out", str(tmp_path / "last")])
+    assert result.exit_code != 0 and "exists" in result.output
+    result = runner.invoke(app, ["snapshot", str(run), "--out", str(tmp_path / "s4"), "--step", "4"])
+    assert result.exit_code != 0 and "no checkpoint of step 4 (kept: 3, 6)" in result.output
+    result = runner.invoke(app, ["snapshot", str(tmp_path), "--out", str(tmp_path / "x")])
+    assert result.exit_code != 0 and "not a training run" in result.output
+    state = run / "checkpoints" / "step_0000003" / "state.pt"
+    state.write_bytes(state.read_bytes()[:-10])
+    result = runner.invoke(app, ["snapshot", str(run), "--out", str(tmp_path / "y"), "--step", "3"])
+    assert result.exit_code != 0 and "checksum mismatch" in result.output and not (tmp_path / "y").exists()
+
+
 def test_unknown_config_keys_are_errors(tiny_target_dirs, data, tmp_path):
     cfg = write_recipe(tmp_path / "bad.yaml", tiny_target_dirs["qwen3"], data, tmp_path / "bad", learning_rate=1.0)
     result = runner.invoke(app, ["train", "--config", str(cfg)])

@@ -1,4 +1,5 @@
-"""Training and its check: `train` (a recipe), `evaluate` (teacher-forced acceptance on held-out rows)."""
+"""Training and its check: `train` (a recipe), `snapshot` (a run's stage checkpoint as a drafter),
+`evaluate` (teacher-forced acceptance on held-out rows)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,25 @@ def train_cmd(
         fail(str(exc))
     for last in results:
         typer.echo(json.dumps({k: last[k] for k in ("step", "loss", "sim_accept_len") if k in last}))
+
+
+@app.command("snapshot")
+def snapshot_cmd(
+    run: Annotated[Path, typer.Argument(help="A training run's out directory (recipe.json, checkpoints/).")],
+    out: Annotated[Path, typer.Option(help="New drafter directory to write.")],
+    step: Annotated[
+        int | None, typer.Option(min=0, help="The stage checkpoint's step (default: the latest kept).")
+    ] = None,
+) -> None:
+    """Write a running (or stopped) training run's stage checkpoint as a drafter directory, to
+    evaluate, bench or serve it before the run ends. The run is only read."""
+    from dspark.training.run import snapshot_drafter
+
+    try:
+        path, at = snapshot_drafter(run, out, step=step)
+    except DSparkError as exc:
+        fail(str(exc))
+    typer.echo(f"step {at} of {run} -> {path}")
 
 
 @app.command("evaluate")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ from dspark.devices import device_name
 from dspark.errors import DSparkError
 from dspark.training.data import InProcessSource, OnlineSource, load_examples
 from dspark.training.recipe import Recipe, build_model
-from dspark.training.trainer import Trainer
+from dspark.training.trainer import TrainConfig, Trainer
 
 
 def _dist_env() -> tuple[int, int]:
@@ -105,6 +106,7 @@ def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | Non
                     "source": recipe.source,
                     "target_dtype": recipe.target_dtype,
                     "target_threads": recipe.target_threads,
+                    "target_workers": recipe.target_workers,
                     "preset": recipe.preset,
                     "drafter": recipe.drafter,
                     "device": str(device),
@@ -123,3 +125,49 @@ def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | Non
     finally:
         if world > 1:
             torch.distributed.barrier()
+
+
+def snapshot_drafter(run_dir: str | Path, out: str | Path, *, step: int | None = None) -> tuple[Path, int]:
+    """Write the drafter of a run's stage checkpoint (the latest, or ``step``) as a drafter
+    directory, as the run would write its ``final`` one: to evaluate, bench or serve a run
+    before it ends. Returns (the directory, its step). Refuses an existing ``out``."""
+    from dspark.formats.checkpoint import save_drafter
+    from dspark.target import TargetModel
+    from dspark.training.trainer import read_checkpoint
+
+    run_dir, out = Path(run_dir), Path(out)
+    described = run_dir / "recipe.json"
+    if not described.is_file():
+        raise DSparkError(f"{run_dir}: not a training run (no recipe.json; `dspark train` writes it in its out)")
+    found = sorted((run_dir / "checkpoints").glob("step_*")) if (run_dir / "checkpoints").is_dir() else []
+    if not found:
+        raise DSparkError(f"{run_dir}: no stage checkpoint yet (checkpoints/step_*)")
+    if step is None:
+        chosen = found[-1]
+    else:
+        chosen = run_dir / "checkpoints" / f"step_{step:07d}"
+        if chosen not in found:
+            have = ", ".join(str(int(p.name.removeprefix("step_"))) for p in found)
+            raise DSparkError(f"{run_dir}: no checkpoint of step {step} (kept: {have})")
+    if out.exists():
+        raise DSparkError(f"{out} exists; give a new directory")
+    raw = json.loads(described.read_text())
+    train = TrainConfig(**{k: v for k, v in raw["train"].items() if k in {f.name for f in fields(TrainConfig)}})
+    recipe = Recipe(
+        target=Path(raw["target"]),
+        data=Path(raw["data"]),
+        out=run_dir,
+        preset=raw.get("preset"),
+        drafter=dict(raw.get("drafter") or {}),
+        train=train,
+    )
+    try:
+        state = read_checkpoint(chosen)
+    except FileNotFoundError:  # the running trainer rotated it out while we read it
+        raise DSparkError(f"{chosen} was removed while being read (the run keeps the latest few); run again") from None
+    target = TargetModel.from_pretrained(recipe.target)
+    model = build_model(recipe, target)
+    model.load_state_dict(state["model"])
+    model.eval()
+    save_drafter(model, out, include_embeddings=train.save_embeddings, dtype=getattr(torch, train.save_dtype))
+    return out, int(state["step"])

@@ -31,6 +31,21 @@ from dspark.training.blocks import sample_anchors
 from dspark.training.losses import LossWeights, dspark_loss
 
 
+def read_checkpoint(path: Path) -> dict:
+    """A stage checkpoint's state (model, optimizer, scheduler, step), its checksum checked."""
+    path = Path(path)
+    manifest_path, state_path = path / "manifest.json", path / "state.pt"
+    if not manifest_path.is_file() or not state_path.is_file():
+        raise CheckpointError(f"{path}: partial checkpoint (manifest.json or state.pt missing); not loading it")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{manifest_path}: corrupt manifest ({exc})") from None
+    if sha256_file(state_path) != manifest.get("sha256"):
+        raise CheckpointError(f"{state_path}: checksum mismatch (corrupt or partial checkpoint); not loading it")
+    return torch.load(state_path, map_location="cpu", weights_only=True)
+
+
 @dataclass
 class TrainConfig:
     steps: int = 100  # optimizer steps
@@ -148,16 +163,7 @@ class Trainer:
         return found[-1] if found else None
 
     def load_checkpoint(self, path: Path) -> None:
-        manifest_path, state_path = path / "manifest.json", path / "state.pt"
-        if not manifest_path.is_file() or not state_path.is_file():
-            raise CheckpointError(f"{path}: partial checkpoint (manifest.json or state.pt missing); not loading it")
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{manifest_path}: corrupt manifest ({exc})") from None
-        if sha256_file(state_path) != manifest.get("sha256"):
-            raise CheckpointError(f"{state_path}: checksum mismatch (corrupt or partial checkpoint); not loading it")
-        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        state = read_checkpoint(path)
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
