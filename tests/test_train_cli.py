@@ -70,7 +70,10 @@ def test_snapshot_writes_a_stage_checkpoint_as_the_drafter_the_run_ends_with(tin
     from safetensors.torch import load_file
 
     cfg = write_recipe(tmp_path / "run.yaml", tiny_target_dirs["qwen3"], data, tmp_path / "run")
-    assert runner.invoke(app, ["train", "--config", str(cfg), "--no-progress"]).exit_code == 0
+    result = runner.invoke(app, ["train", "--config", str(cfg), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    # Without a bar, a status line at each checkpoint (for logs of background runs).
+    assert "run: step 3/6 (50.0%), loss " in result.stderr and "run: step 6/6 (100.0%)" in result.stderr
     run = tmp_path / "run"
     result = runner.invoke(app, ["snapshot", str(run), "--out", str(tmp_path / "last")])
     assert result.exit_code == 0, result.output

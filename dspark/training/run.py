@@ -70,7 +70,14 @@ def build_source(recipe: Recipe, aux, target=None):
     return InProcessSource(target, examples, aux, seed=recipe.train.seed)
 
 
-def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | None = None, source_factory=None) -> dict:
+def run_training(
+    recipe: Recipe,
+    *,
+    progress: bool = True,
+    stop_after: int | None = None,
+    source_factory=None,
+    status_lines: bool | None = None,
+) -> dict:
     """Train one recipe. ``source_factory(aux_ids) -> source`` replaces the recipe's own source
     (`dspark.training.together` hands several trainers the features of one source)."""
     from dspark.target import TargetModel
@@ -117,7 +124,9 @@ def run_training(recipe: Recipe, *, progress: bool = True, stop_after: int | Non
                 default=str,
             )
         )
-    trainer = Trainer(model, source, recipe.train, out, rank=rank, world_size=world, progress=progress)
+    trainer = Trainer(
+        model, source, recipe.train, out, rank=rank, world_size=world, progress=progress, status_lines=status_lines
+    )
     try:
         return trainer.train(stop_after=stop_after)
     except StopIteration:

@@ -96,12 +96,17 @@ class SharedSource:
         pass
 
 
-def _trainer(index: int, recipe: Recipe, rows, report, threads: int) -> None:
+def _trainer(index: int, recipe: Recipe, rows, report, threads: int, status_lines: bool) -> None:
     from dspark.training.run import run_training
 
     torch.set_num_threads(threads)
     try:
-        last = run_training(recipe, progress=False, source_factory=lambda aux: SharedSource(index, aux, rows, report))
+        last = run_training(
+            recipe,
+            progress=False,
+            status_lines=status_lines,
+            source_factory=lambda aux: SharedSource(index, aux, rows, report),
+        )
         report.put(("done", index, last))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
         report.put(("error", index, f"{type(exc).__name__}: {exc}"))
@@ -110,13 +115,15 @@ def _trainer(index: int, recipe: Recipe, rows, report, threads: int) -> None:
 class _Trainers:
     """The trainer processes, their row queues and the one report queue they answer on."""
 
-    def __init__(self, recipes: list[Recipe], names: list[str], threads: int, queue_size: int) -> None:
+    def __init__(
+        self, recipes: list[Recipe], names: list[str], threads: int, queue_size: int, status_lines: bool = False
+    ) -> None:
         ctx = mp.get_context("spawn")
         self.names = names
         self.report = ctx.Queue()
         self.rows = [ctx.Queue(maxsize=queue_size) for _ in recipes]
         self.procs = [
-            ctx.Process(target=_trainer, args=(i, r, self.rows[i], self.report, threads), daemon=True)
+            ctx.Process(target=_trainer, args=(i, r, self.rows[i], self.report, threads, status_lines), daemon=True)
             for i, r in enumerate(recipes)
         ]
         for p in self.procs:
@@ -204,7 +211,8 @@ def train_together(
 
     names = names or [str(r.out) for r in recipes]
     check_shared(recipes, names)
-    trainers = _Trainers(recipes, names, threads, queue_size)
+    # Without the parent's bar, each trainer writes a status line at its checkpoints.
+    trainers = _Trainers(recipes, names, threads, queue_size, status_lines=not progress)
     source = None
     try:
         ready = {}

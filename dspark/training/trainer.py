@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -115,13 +116,18 @@ class Trainer:
         world_size: int = 1,
         ddp_model=None,
         progress: bool = True,
+        status_lines: bool | None = None,
     ) -> None:
+        """``progress``: a progress bar; ``status_lines`` (default: without a bar): a plain line
+        on stderr at every checkpoint instead (step, loss, acceptance, s/step, time left), for
+        logs of runs in the background."""
         self.model, self.source, self.cfg = model, source, cfg
         self.forward = training_forward(model.config)  # the family's teacher-forced forward
         self.out = Path(out_dir)
         self.rank, self.world = rank, world_size
         self.ddp = ddp_model
         self.progress = progress and rank == 0
+        self.status_lines = (not progress if status_lines is None else status_lines) and rank == 0
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = make_adamw(self.params, cfg)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, cfg))
@@ -168,6 +174,17 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
+
+    def _status_line(self, last: dict, end: int, started: float, begun: int) -> None:
+        per_step = (time.perf_counter() - started) / max(1, self.step - begun)
+        left = int(per_step * (end - self.step))
+        parts = [f"{self.out.name}: step {self.step}/{end} ({100 * self.step / max(1, end):.1f}%)"]
+        if "loss" in last:
+            parts.append(f"loss {last['loss']:.4f}")
+        if "sim_accept_len" in last:
+            parts.append(f"tau {last['sim_accept_len']:.2f}")
+        parts.append(f"{per_step:.3f} s/step, {left // 3600}h{left % 3600 // 60:02d}m left")
+        print(", ".join(parts), file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ one micro-step
     def _autocast(self):
@@ -226,6 +243,7 @@ class Trainer:
         count = (end - self.step) * micro_per_step
         batches = self.source.batches(first_micro, count)
         bar = tqdm(total=end, initial=self.step, desc="train", disable=not self.progress, unit="step")
+        started, begun = time.perf_counter(), self.step
         last: dict = {}
         self.model.train()
         try:
@@ -270,6 +288,8 @@ class Trainer:
                 bar.update(1)
                 if self.step % cfg.checkpoint_every == 0 or self.step == end:
                     self.save_checkpoint()
+                    if self.status_lines:
+                        self._status_line(last, end, started, begun)
         finally:
             bar.close()
             self.source.close()
