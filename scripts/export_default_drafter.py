@@ -104,6 +104,7 @@ def main(method: str) -> None:
         "assistant tokens",
         "source": source_text(recipe),
         "steps": log[-1]["step"],
+        "epochs": round(log[-1]["step"] / len(rows), 2),  # one row a step
         "wall_minutes": round(sum(r["step_seconds"] for r in log) * 10 / 60, 1),
         "final_loss_mean_last_300_steps": statistics.mean(r["loss"] for r in tail),
         "sim_accept_len_mean_last_300_steps": statistics.mean(r["sim_accept_len"] for r in tail),
