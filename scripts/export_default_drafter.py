@@ -91,7 +91,9 @@ def main(method: str) -> None:
     else:
         print(f"{out}: kept the shipped drafter (held-out accept_len {before:.3f}); {run / 'final'} scores {after:.3f}")
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
-    tail = log[-30:]  # the last 300 steps (log_every 10)
+    # The last 30 logged steps (log_every 10) that had a loss: a row too short for one block
+    # gives a step with no anchors, logged without loss or metrics.
+    tail = [r for r in log if "loss" in r][-30:]
     recipe = json.loads((run / "recipe.json").read_text())
     split = [json.loads(line) for line in DATA.open()]
     rows = split[: recipe["train"].get("max_examples")]
