@@ -8,7 +8,9 @@ all on the same held-out rows and blocks (`dspark evaluate`: teacher forced, n=7
 row, the target in fp32, run once per row for every drafter), and writes OUT.json (with
 provenance), OUT.md (the table) and OUT.png (accept_len against train rows, log scale). Per
 method it fits accept_len = a + b·log2(rows) and says how many rows that line needs to reach
-accept_len 2.5; a straight line in log(rows) is an extrapolation, so treat it as a guide.
+accept_len 2.5; a straight line in log(rows) is an extrapolation, so treat it as a guide. A
+run of several epochs is its own point, beside the one-epoch curve. `--render JSON` writes
+the table, plot and JSON again from a scored JSON without scoring anything.
 """
 
 from __future__ import annotations
@@ -36,15 +38,15 @@ def runs() -> list[dict]:
             with open(data) as fh:
                 rows = sum(1 for line in fh if line.strip())
             rows = min(rows, recipe["train"].get("max_examples") or rows)
-            epochs = recipe["train"]["steps"] / rows  # one row a step
+            steps = recipe["train"]["steps"]  # one row a step
             # The curve is one epoch per size: a run of several epochs is its own point.
-            label = method if abs(epochs - 1) < 0.01 else f"{method} ({epochs:.3g} epochs)"
-            found.append({"method": label, "rows": int(rows), "path": full})
+            label = method if steps == rows else f"{method} ({steps / rows:.3g} epochs)"
+            found.append({"method": label, "rows": int(rows), "steps": steps, "path": full})
         for d in sorted((C / "scale").glob(f"{method}-*")):
             m = re.fullmatch(rf"{method}-(\d+)(-fp32features)?", d.name)
             if m and (d / "final").is_dir():
                 label = method + (FP32 if m.group(2) else "")
-                found.append({"method": label, "rows": int(m.group(1)), "path": d / "final"})
+                found.append({"method": label, "rows": int(m.group(1)), "steps": int(m.group(1)), "path": d / "final"})
     return sorted(found, key=lambda r: (r["method"], r["rows"]))
 
 
@@ -61,23 +63,17 @@ def fit(points: list[tuple[int, float]]) -> dict | None:
     return {"intercept": a, "per_doubling": b, f"rows_for_{GOAL}": need}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="docs/results/scaling-smollm2-cpu")
-    a = p.parse_args()
-    os.chdir(Path(__file__).resolve().parent.parent)
+def score(found: list[dict]) -> tuple[list[dict], dict]:
+    """Every run on the same held-out rows and blocks: the table's rows and their provenance."""
     from tqdm import tqdm
 
-    from dspark.bench.provenance import finished, provenance, write_json
+    from dspark.bench.provenance import finished, provenance
     from dspark.defaults import default_target_dir
     from dspark.formats.convert import open_drafter
     from dspark.target import TargetModel
     from dspark.training.data import load_examples
     from dspark.training.evaluate import simulated_accept_len_many
 
-    found = runs()
-    if not found:
-        raise SystemExit("no runs found: run scripts/train_default_drafter.sh and scripts/scaling_curve.sh first")
     held = load_examples(C / "heldout.jsonl", max_len=512)
     train = [json.loads(line) for line in (C / "train.jsonl").open()]
     meta = provenance(0, heldout_rows=len(held), n=7, anchors_per_row=32)
@@ -94,26 +90,59 @@ def main() -> None:
                 "method": r["method"],
                 "train_rows": r["rows"],
                 "assistant_tokens": sum(sum(x["loss_mask"]) for x in train[: r["rows"]]),
-                "steps": r["rows"],
+                "steps": r["steps"],
                 "heldout_accept_len": rep["sim_accept_len"],
                 "per_position_acceptance": rep["per_position_acceptance"],
                 "blocks": rep["blocks"],
                 "run": str(r["path"]),
             }
         )
+    return rows, finished(meta)
+
+
+def relabel(rows: list[dict], found: list[dict]) -> list[dict]:
+    """A scored JSON's rows with each run's label and steps as its recipe says now (the scores
+    are kept): before the fix beside this function a run of several epochs was written with
+    one epoch's steps."""
+    by_path = {str(r["path"]): r for r in found}
+    return [
+        {**x, "method": by_path[x["run"]]["method"], "steps": by_path[x["run"]]["steps"]} if x["run"] in by_path else x
+        for x in rows
+    ]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="docs/results/scaling-smollm2-cpu")
+    p.add_argument(
+        "--render", metavar="JSON", help="write OUT's table, plot and JSON from this scored JSON, scoring nothing"
+    )
+    a = p.parse_args()
+    os.chdir(Path(__file__).resolve().parent.parent)
+    from dspark.bench.provenance import write_json
+
+    found = runs()
+    if a.render:
+        scored = json.loads(Path(a.render).read_text())
+        rows, meta = relabel(scored["rows"], found), scored["provenance"]
+    elif not found:
+        raise SystemExit("no runs found: run scripts/train_default_drafter.sh and scripts/scaling_curve.sh first")
+    else:
+        rows, meta = score(found)
     fits = {m: fit([(x["train_rows"], x["heldout_accept_len"]) for x in rows if x["method"] == m]) for m in METHODS}
     out = Path(a.out)
-    write_json(out.with_suffix(".json"), {"provenance": finished(meta), "rows": rows, "fits": fits})
+    write_json(out.with_suffix(".json"), {"provenance": meta, "rows": rows, "fits": fits})
     sizes = sorted({x["train_rows"] for x in rows})
     lines = [
         "| method | " + " | ".join(f"{s:,} rows" for s in sizes) + f" | + per doubling | rows for {GOAL} (fit) |",
         "| --- | " + " | ".join("---" for _ in sizes) + " | --- | --- |",
     ]
-    for m in (*METHODS, *(m + FP32 for m in METHODS)):
+    labels = sorted({x["method"] for x in rows}, key=lambda m: (m not in METHODS, m))
+    for m in labels:
         cells = {x["train_rows"]: x["heldout_accept_len"] for x in rows if x["method"] == m}
         if not cells:
             continue
-        f = fits.get(m)  # None for a single point (the fp32-features check)
+        f = fits.get(m)  # None for a single point (the fp32-features check, a run of several epochs)
         slope = f"{f['per_doubling']:+.3f}" if f else "—"
         need = f"{f[f'rows_for_{GOAL}']:,.0f}" if f and f[f"rows_for_{GOAL}"] else "—"
         lines.append(
@@ -130,8 +159,12 @@ def main() -> None:
         pts = [(x["train_rows"], x["heldout_accept_len"]) for x in rows if x["method"] == m]
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", label=m)
+    for m in labels:  # runs of several epochs: single points beside their method's curve
+        pts = [(x["train_rows"], x["heldout_accept_len"]) for x in rows if x["method"] == m]
+        if m not in METHODS and "epochs" in m:
+            ax.plot(*zip(*pts, strict=True), marker="*", markersize=12, linestyle="none", label=m)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("train rows (one epoch each)")
+    ax.set_xlabel("train rows (lines: one epoch each; stars: several epochs)")
     ax.set_ylabel("held-out teacher-forced accept_len (n=7)")
     ax.grid(alpha=0.3)
     ax.legend()
