@@ -533,3 +533,17 @@ def test_train_sources_bench_trains_the_same_rows_from_every_source(tiny_target_
     assert got["online"]["final_loss"] == got["online-x2"]["final_loss"]
     assert got["online"]["final_loss"] == pytest.approx(got["inprocess"]["final_loss"], rel=1e-3)
     assert json.loads((tmp_path / "sources.json").read_text())["provenance"]["target_dtype"] == "bfloat16"
+
+
+def test_status_line_rates_the_steps_since_the_previous_line(tmp_path, capsys, monkeypatch):
+    # A pause before one line must not slow the next line's rate or its time left.
+    trainer = Trainer.__new__(Trainer)
+    trainer.out, trainer.step = tmp_path / "run-x", 1000
+    clock = iter([1400.0, 1500.0])  # 400 s for steps 0-1000 (a pause in it), then 100 s for 1000-2000
+    monkeypatch.setattr("dspark.training.trainer.time.perf_counter", lambda: next(clock))
+    since = trainer._status_line({"loss": 1.0}, 3000, (1000.0, 0))
+    trainer.step = 2000
+    trainer._status_line({}, 3000, since)
+    first, second = capsys.readouterr().err.strip().splitlines()
+    assert "0.400 s/step, 0h13m left" in first  # 2000 steps at 0.4 s
+    assert "step 2000/3000" in second and "0.100 s/step, 0h01m left" in second  # not 0.25 (since the start)

@@ -175,8 +175,12 @@ class Trainer:
         self.sched.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
 
-    def _status_line(self, last: dict, end: int, started: float, begun: int) -> None:
-        per_step = (time.perf_counter() - started) / max(1, self.step - begun)
+    def _status_line(self, last: dict, end: int, since: tuple[float, int]) -> tuple[float, int]:
+        """Print one status line; its s/step (and the time left from it) is the rate since
+        ``since`` = (perf_counter, step) of the previous line, so a pause weighs on one line
+        only. Returns the new ``since``."""
+        now = time.perf_counter()
+        per_step = (now - since[0]) / max(1, self.step - since[1])
         left = int(per_step * (end - self.step))
         parts = [f"{self.out.name}: step {self.step}/{end} ({100 * self.step / max(1, end):.1f}%)"]
         if "loss" in last:
@@ -185,6 +189,7 @@ class Trainer:
             parts.append(f"tau {last['sim_accept_len']:.2f}")
         parts.append(f"{per_step:.3f} s/step, {left // 3600}h{left % 3600 // 60:02d}m left")
         print(", ".join(parts), file=sys.stderr, flush=True)
+        return now, self.step
 
     # ------------------------------------------------------------------ one micro-step
     def _autocast(self):
@@ -243,7 +248,7 @@ class Trainer:
         count = (end - self.step) * micro_per_step
         batches = self.source.batches(first_micro, count)
         bar = tqdm(total=end, initial=self.step, desc="train", disable=not self.progress, unit="step")
-        started, begun = time.perf_counter(), self.step
+        since = (time.perf_counter(), self.step)  # the previous status line's time and step
         last: dict = {}
         self.model.train()
         try:
@@ -289,7 +294,7 @@ class Trainer:
                 if self.step % cfg.checkpoint_every == 0 or self.step == end:
                     self.save_checkpoint()
                     if self.status_lines:
-                        self._status_line(last, end, started, begun)
+                        since = self._status_line(last, end, since)
         finally:
             bar.close()
             self.source.close()
