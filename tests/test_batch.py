@@ -215,6 +215,32 @@ def test_load_aware_length_drafts_only_for_a_gain_beyond_its_margin():
         LoadAwareDraftLength(cost, 1, margin=-0.1)
 
 
+def test_load_aware_length_stops_a_choice_its_steps_show_dear():
+    from dspark.decoding.draft_length import BatchStepCost, LoadAwareDraftLength
+
+    # The start-up table says one draft costs 10% more than a plain step at 16 sequences;
+    # with most drafts accepted the rule drafts. The server's steps then take twice the
+    # table's figure when it drafts: after a few such steps it plain-steps, and a plain
+    # step's own figure is left as measured.
+    cost = BatchStepCost(batches=(1, 16), widths=(1, 2), seconds=((0.03, 0.03), (0.1, 0.11)))
+    rule = LoadAwareDraftLength(cost, 1)
+    for _ in range(100):
+        rule.observe(1, 1)
+    assert rule.pick(16) == 1
+    rule.observe_step(12, 1, 0.2)  # a batch of 12 counts at the nearest measured size, 16
+    ratio = (0.95 * 1.0 + 0.2 / cost.step_seconds(12, 2)) / (0.95 * 1.0 + 1.0)  # the prior: one step at 1.0
+    assert rule.step_seconds(16, 1) == pytest.approx(0.11 * ratio)
+    for _ in range(3):
+        rule.observe_step(16, 1, 0.2)
+    assert rule.pick(16) == 0
+    assert rule.step_seconds(16, 0) == pytest.approx(0.1)
+    for _ in range(5):
+        rule.observe_step(16, 0, 0.1)
+    assert rule.step_seconds(16, 0) == pytest.approx(0.1)  # measured as the table said
+    rule.observe_step(16, 0, 0.0)  # a clock that did not move teaches nothing
+    assert rule.step_seconds(16, 0) == pytest.approx(0.1)
+
+
 def test_load_aware_width_follows_the_drafts_confidences():
     from dspark.decoding.draft_length import BatchStepCost, LoadAwareDraftLength
     from dspark.decoding.drafters import Proposal

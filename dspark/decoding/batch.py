@@ -179,14 +179,14 @@ class BatchedEngine:
         # model: its drafter's confidence head stops the draft slot by slot, priced by the
         # batch table's one-sequence row (`LoadAwareDraftLength.solo_cost`).
         solo = self._solo_drafter() if len(self.active) == 1 and drafting else None
+        started = time.perf_counter()
         cap = None
         if self.draft_length is not None and drafting and solo is None:
             cap = self.draft_length.pick(len(self.active))
         # A rule that sets the width from the drafts' own confidences (`LoadAwareDraftLength.width`)
-        # decides here only whether the batch drafts; each sequence then drafts its longest.
+        # trims the ``cap`` drafts each sequence made to a width of at most ``cap``: the step
+        # costs what the rule priced (drafting ``cap`` slots) or less.
         trim = bool(cap) and isinstance(self.draft_length, LoadAwareDraftLength) and len(self.active) > 1
-        if trim:
-            cap = self.draft_length.max_drafts
         ks = []
         proposals = [Proposal.empty() for _ in self.active]
         drafters: dict[int, Drafter] = {}  # who drafts for sequence i this step
@@ -267,6 +267,9 @@ class BatchedEngine:
                     done.append(slot)
                     break
             emitted.append((seq, new))
+        if cap is not None and isinstance(self.draft_length, LoadAwareDraftLength):
+            # What the rule's choice cost this time corrects its start-up table (`observe_step`).
+            self.draft_length.observe_step(len(rows), cap, time.perf_counter() - started)
         for slot in sorted(done, reverse=True):
             self._finish(slot)
         return emitted

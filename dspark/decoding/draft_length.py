@@ -18,8 +18,8 @@ rejection sampling stays exact and greedy output unchanged.
 
 A batch of sequences (`dspark.decoding.batch.BatchedEngine`) has its own rule,
 `LoadAwareDraftLength`: one length per step for the whole batch from ``T(batch, tokens)``
-(`step_timing.measure_batch_cost`, a `BatchStepCost`) and the acceptance seen so far, zero included,
-then the step's width from the drafts' confidences.
+(`step_timing.measure_batch_cost`, a `BatchStepCost`, corrected by the steps it has timed since)
+and the acceptance seen so far, zero included, then the step's width from the drafts' confidences.
 """
 
 from __future__ import annotations
@@ -139,19 +139,32 @@ class LoadAwareDraftLength:
     acceptance this server has seen: ``k`` maximising ``b · E(k) / T(b, k + 1)``
     tokens per second, where ``E(k) = 1 + a_1 + a_1 a_2 + ...`` from running per-position
     acceptance rates ``a_j`` (exponentially weighted; optimistic 0.5 before any data) and
-    ``T`` the measured step, drafting included. ``k = 0`` (a plain step) is a choice: under
+    ``T`` the measured step, drafting included, corrected by this server's own steps
+    (`observe_step`). ``k = 0`` (a plain step) is a choice: under
     load a full batch of drafts can cost more than it brings. A length that drafts must beat
     the plain step by ``margin`` (a share of its rate): the table is measured on a shared
     machine, and a gain inside its error is a coin toss that plain decoding never loses. The
-    rule looks only at past steps, so verification and its guarantees are untouched. Once
-    a step drafts, `width` sets how many drafts the batch verifies from the drafts' own
-    confidences."""
+    rule looks only at past steps and clocks, so verification and its guarantees are
+    untouched. Once a step drafts ``k``, `width` sets how many of them (at most ``k``) the
+    batch verifies from the drafts' own confidences."""
 
-    def __init__(self, cost: BatchStepCost, max_drafts: int, *, decay: float = 0.98, margin: float = 0.05) -> None:
+    def __init__(
+        self,
+        cost: BatchStepCost,
+        max_drafts: int,
+        *,
+        decay: float = 0.98,
+        margin: float = 0.05,
+        time_decay: float = 0.95,
+    ) -> None:
         if margin < 0:
             raise ValueError(f"margin must be >= 0, got {margin}")
         self.cost, self.max_drafts, self.decay = cost, min(max_drafts, cost.widths[-1] - 1), decay
         self.margin = margin
+        self.time_decay = time_decay
+        # (measured batch, drafts) -> [weight, weighted sum] of measured / table step seconds;
+        # the prior is one step at the table's figure.
+        self._timing: dict[tuple[int, int], list[float]] = {}
         self._solo: StepCost | None = None
         self.attempts = [1.0] * self.max_drafts  # prior: one attempt, half accepted
         self.accepts = [0.5] * self.max_drafts
@@ -164,12 +177,12 @@ class LoadAwareDraftLength:
             for j in range(self.max_drafts):
                 self.attempts[j] = self.decay * self.attempts[j] + (1 - self.decay) * 1.0
                 self.accepts[j] = self.decay * self.accepts[j] + (1 - self.decay) * 0.5
-        best, best_rate = 0, (1.0 + self.margin) * b / self.cost.step_seconds(b, 1)
+        best, best_rate = 0, (1.0 + self.margin) * b / self.step_seconds(b, 0)
         expected, survival = 1.0, 1.0
         for k in range(1, self.max_drafts + 1):
             survival *= self.accepts[k - 1] / self.attempts[k - 1]
             expected += survival
-            rate = b * expected / self.cost.step_seconds(b, k + 1)
+            rate = b * expected / self.step_seconds(b, k)
             if rate > best_rate:
                 best, best_rate = k, rate
         self.chosen.append(best)
@@ -209,6 +222,33 @@ class LoadAwareDraftLength:
             widths = range(1, self.max_drafts + 2)
             self._solo = StepCost(tuple(self.cost.step_seconds(1, w) for w in widths), 0.0)
         return self._solo
+
+    def _timing_key(self, b: int, k: int) -> tuple[int, int]:
+        """The table's batch size nearest ``b`` (by ratio) and ``k`` drafts."""
+        return min(self.cost.batches, key=lambda m: max(m, b) / min(m, b)), k
+
+    def step_seconds(self, b: int, k: int) -> float:
+        """What a step of ``b`` sequences at draft length ``k`` costs: the start-up table's
+        ``T(b, k + 1)`` times the running ratio of this server's measured steps to the table
+        (`observe_step`) at the nearest measured batch size."""
+        weight, total = self._timing.get(self._timing_key(b, k), (1.0, 1.0))
+        return self.cost.step_seconds(b, k + 1) * total / weight
+
+    def observe_step(self, b: int, k: int, seconds: float) -> None:
+        """A step of ``b`` sequences at the length ``k`` this rule picked took ``seconds``,
+        drafting and verification included (the width trimmed it to at most ``k`` drafts).
+        The table is measured once at start-up, on a shared machine, over a short context:
+        its figure for a choice can be off by half or more (a batch of 16 measured 1.2x a
+        plain step for one draft, then ran 2x). Every choice's steps correct it, an
+        exponentially weighted mean of measured / table (``time_decay``); a choice never made
+        keeps its table figure, and the acceptance rates' drift back toward the prior makes
+        the rule try a dear choice again now and then."""
+        if not seconds > 0:
+            return
+        key = self._timing_key(b, k)
+        weight, total = self._timing.get(key, (1.0, 1.0))
+        ratio = seconds / self.cost.step_seconds(b, k + 1)
+        self._timing[key] = [self.time_decay * weight + 1.0, self.time_decay * total + ratio]
 
     def observe(self, drafted: int, accepted: int) -> None:
         """One sequence's step: ``drafted`` drafts verified, the first ``accepted`` accepted."""
