@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dspark.decoding.drafters import Proposal, point_mass
+from dspark.decoding.drafters import point_mass
+from dspark.decoding.proposal import Proposal
 from dspark.decoding.sampling import SamplingParams, probabilities
 from dspark.formats.checkpoint import init_drafter
 from dspark.model.pairing import config_for_target

@@ -243,7 +243,7 @@ def test_load_aware_length_stops_a_choice_its_steps_show_dear():
 
 def test_load_aware_width_follows_the_drafts_confidences():
     from dspark.decoding.draft_length import BatchStepCost, LoadAwareDraftLength
-    from dspark.decoding.drafters import Proposal
+    from dspark.decoding.proposal import Proposal
 
     # Two sequences; each verified draft adds a fifth of a plain step.
     cost = BatchStepCost(batches=(1, 2), widths=(1, 2, 3, 4, 5), seconds=((0.1,) * 5, (0.1, 0.12, 0.14, 0.16, 0.18)))

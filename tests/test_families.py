@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 
 from dspark import families
 from dspark.cli import app
-from dspark.decoding.drafters import Proposal, point_mass
+from dspark.decoding.drafters import point_mass
 from dspark.decoding.factory import checkpoint_method, methods
+from dspark.decoding.proposal import Proposal
 from dspark.errors import DSparkError
 from dspark.formats.checkpoint import load_drafter, save_drafter
 from dspark.model.pairing import default_aux_layers

@@ -25,13 +25,13 @@ from dspark.decoding.draft_length import LoadAwareDraftLength
 from dspark.decoding.drafters import (
     Drafter,
     DSparkDrafter,
-    Proposal,
     batch_key,
     draft_without_model,
     model_drafter_of,
     propose_batch,
 )
 from dspark.decoding.engine import GenerationResult
+from dspark.decoding.proposal import Proposal
 from dspark.decoding.sampling import SamplingParams, probabilities
 from dspark.decoding.verify import verify_greedy, verify_sampling
 from dspark.errors import DSparkError

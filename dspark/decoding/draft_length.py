@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from dspark.errors import DSparkError
 
 if TYPE_CHECKING:
-    from dspark.decoding.drafters import Proposal
+    from dspark.decoding.proposal import Proposal
 
 
 @dataclass(frozen=True)

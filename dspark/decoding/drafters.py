@@ -9,38 +9,14 @@ tokens the target verified this step (anchor first) and their target hidden stat
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from dspark.decoding.draft_length import StepCost
+from dspark.decoding.proposal import Proposal
 from dspark.decoding.sampling import SamplingParams, probabilities
 from dspark.model.dspark import DSparkDraftModel
-
-
-@dataclass
-class Proposal:
-    tokens: torch.Tensor  # [k] target ids
-    probs: torch.Tensor | None = None  # [k, V] exact draft distributions (sampling only)
-    confidence: torch.Tensor | None = None  # [k] per-slot acceptance predictions
-
-    @classmethod
-    def empty(cls, device: torch.device | str = "cpu") -> Proposal:
-        return cls(tokens=torch.empty(0, dtype=torch.long, device=device))
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-    def head(self, n: int) -> Proposal:
-        """The first ``n`` drafts (verifying a prefix of a draft is as lossless as the whole)."""
-        if n >= len(self):
-            return self
-        return Proposal(
-            self.tokens[:n],
-            None if self.probs is None else self.probs[:n],
-            None if self.confidence is None else self.confidence[:n],
-        )
 
 
 class Drafter(Protocol):

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from dspark.decoding.drafters import Drafter, Proposal
+from dspark.decoding.drafters import Drafter
+from dspark.decoding.proposal import Proposal
 from dspark.decoding.sampling import SamplingParams, probabilities
 from dspark.decoding.verify import verify_greedy_rows, verify_sampling_rows
 from dspark.target.adapter import TargetModel
