@@ -9,8 +9,11 @@ row, the target in fp32, run once per row for every drafter), and writes OUT.jso
 provenance), OUT.md (the table) and OUT.png (accept_len against train rows, log scale). Per
 method it fits accept_len = a + b·log2(rows) and says how many rows that line needs to reach
 accept_len 2.5; a straight line in log(rows) is an extrapolation, so treat it as a guide. A
-run of several epochs is its own point, beside the one-epoch curve. `--render JSON` writes
-the table, plot and JSON again from a scored JSON without scoring anything.
+run of several epochs is its own point, beside the one-epoch curve. A second table gives
+each run's per-slot acceptance given the slot before it was accepted (slot 1: the first
+draft), where drafters that draft a block in one pass (DFlash) and those that condition each
+draft on the one before (DSpark's Markov head, EAGLE-3) differ. `--render JSON` writes the
+tables, plot and JSON again from a scored JSON without scoring anything.
 """
 
 from __future__ import annotations
@@ -61,6 +64,16 @@ def fit(points: list[tuple[int, float]]) -> dict | None:
     a = my - b * mx
     need = 2 ** ((GOAL - a) / b) if b > 0 else None
     return {"intercept": a, "per_doubling": b, f"rows_for_{GOAL}": need}
+
+
+def conditional(unconditional: list[float]) -> list[float | None]:
+    """P(slot j accepted | slot j - 1 accepted) from P(slot j accepted) (the evaluation's
+    ``per_position_acceptance``, whose sum is accept_len - 1)."""
+    out, before = [], 1.0
+    for p in unconditional:
+        out.append(p / before if before > 0 else None)
+        before = p
+    return out
 
 
 def score(found: list[dict]) -> tuple[list[dict], dict]:
@@ -148,6 +161,17 @@ def main() -> None:
         lines.append(
             f"| {m} | " + " | ".join(f"{cells[s]:.3f}" if s in cells else "" for s in sizes) + f" | {slope} | {need} |"
         )
+    slots = max(len(x["per_position_acceptance"]) for x in rows)
+    lines += [
+        "",
+        "Per slot: P(slot j accepted | slot j − 1 accepted), held out, teacher forced:",
+        "",
+        "| method | train rows | steps | " + " | ".join(f"slot {j + 1}" for j in range(slots)) + " |",
+        "| --- | ---: | ---: | " + " | ".join("---:" for _ in range(slots)) + " |",
+    ]
+    for x in sorted(rows, key=lambda x: (labels.index(x["method"]), x["train_rows"])):
+        cells = ["" if c is None else f"{c:.3f}" for c in conditional(x["per_position_acceptance"])]
+        lines.append(f"| {x['method']} | {x['train_rows']:,} | {x['steps']:,} | " + " | ".join(cells) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib
 
