@@ -239,6 +239,10 @@ def test_load_aware_length_stops_a_choice_its_steps_show_dear():
     assert rule.step_seconds(16, 0) == pytest.approx(0.1)  # measured as the table said
     rule.observe_step(16, 0, 0.0)  # a clock that did not move teaches nothing
     assert rule.step_seconds(16, 0) == pytest.approx(0.1)
+    # Plain steps: the drafting figure drifts back toward the table, and the rule tries again.
+    picks = [rule.pick(16) for _ in range(1000)]
+    assert picks[0] == 0 and 1 in picks
+    assert rule.step_seconds(16, 1) < 0.2
 
 
 def test_load_aware_width_follows_the_drafts_confidences():

@@ -156,12 +156,13 @@ class LoadAwareDraftLength:
         decay: float = 0.98,
         margin: float = 0.05,
         time_decay: float = 0.95,
+        time_drift: float = 0.995,
     ) -> None:
         if margin < 0:
             raise ValueError(f"margin must be >= 0, got {margin}")
         self.cost, self.max_drafts, self.decay = cost, min(max_drafts, cost.widths[-1] - 1), decay
         self.margin = margin
-        self.time_decay = time_decay
+        self.time_decay, self.time_drift = time_decay, time_drift
         # (measured batch, drafts) -> [weight, weighted sum] of measured / table step seconds;
         # the prior is one step at the table's figure.
         self._timing: dict[tuple[int, int], list[float]] = {}
@@ -174,9 +175,18 @@ class LoadAwareDraftLength:
         if self.chosen and self.chosen[-1] == 0:
             # Nothing is observed while no one drafts: the estimates drift back toward the
             # prior, so the rule tries drafting again after a while (and learns if it pays).
+            # The drafting steps' timings drift back toward the table too, more slowly (a
+            # retry of a choice that stays dear costs a few dear steps), so a choice that a
+            # passing load made dear is tried again after a few hundred plain steps.
             for j in range(self.max_drafts):
                 self.attempts[j] = self.decay * self.attempts[j] + (1 - self.decay) * 1.0
                 self.accepts[j] = self.decay * self.accepts[j] + (1 - self.decay) * 0.5
+            for key, (weight, total) in self._timing.items():
+                if key[1]:
+                    self._timing[key] = [
+                        self.time_drift * weight + (1 - self.time_drift),
+                        self.time_drift * total + (1 - self.time_drift),
+                    ]
         best, best_rate = 0, (1.0 + self.margin) * b / self.step_seconds(b, 0)
         expected, survival = 1.0, 1.0
         for k in range(1, self.max_drafts + 1):
@@ -241,8 +251,9 @@ class LoadAwareDraftLength:
         its figure for a choice can be off by half or more (a batch of 16 measured 1.2x a
         plain step for one draft, then ran 2x). Every choice's steps correct it, an
         exponentially weighted mean of measured / table (``time_decay``); a choice never made
-        keeps its table figure, and the acceptance rates' drift back toward the prior makes
-        the rule try a dear choice again now and then."""
+        keeps its table figure. While the rule plain-steps, the drafting choices' figures
+        drift back toward the table (as the acceptance rates toward their prior), so it
+        tries a choice made dear by a passing load again now and then."""
         if not seconds > 0:
             return
         key = self._timing_key(b, k)
