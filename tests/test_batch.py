@@ -243,6 +243,19 @@ def test_load_aware_length_stops_a_choice_its_steps_show_dear():
     picks = [rule.pick(16) for _ in range(1000)]
     assert picks[0] == 0 and 1 in picks
     assert rule.step_seconds(16, 1) < 0.2
+    # A choice that stays dear (three plain steps' time for two tokens): the retries cost
+    # under 0.5% of 5,000 steps' time.
+    rule, retried = LoadAwareDraftLength(cost, 1), 0
+    for _ in range(100):
+        rule.observe(1, 1)
+    for _ in range(5000):
+        if rule.pick(16):
+            rule.observe_step(16, 1, 0.3)
+            rule.observe(1, 1)
+            retried += 1
+        else:
+            rule.observe_step(16, 0, 0.1)
+    assert 0 < retried * (0.3 - 2 * 0.1) < 0.005 * 5000 * 0.1
 
 
 def test_load_aware_width_follows_the_drafts_confidences():
