@@ -102,6 +102,7 @@ class BatchedEngine:
         self.active: list[Sequence] = []  # sequence i lives in slot i
         self.draft_length = draft_length  # None: each sequence drafts its num_speculative_tokens
         self.last_step = (0, 0)
+        self.last_rule: tuple[int, float] | None = None  # (length the load-aware rule picked, step seconds)
 
     @property
     def free_slots(self) -> int:
@@ -171,6 +172,7 @@ class BatchedEngine:
     def step(self) -> list[tuple[Sequence, list[int]]]:
         """One forward for every active sequence: ``(sequence, tokens it emitted)`` each;
         finished sequences have left the batch when it returns."""
+        self.last_rule = None
         if not self.active:
             return []
         rows: list[list[int]] = []
@@ -269,7 +271,8 @@ class BatchedEngine:
             emitted.append((seq, new))
         if cap is not None and isinstance(self.draft_length, LoadAwareDraftLength):
             # What the rule's choice cost this time corrects its start-up table (`observe_step`).
-            self.draft_length.observe_step(len(rows), cap, time.perf_counter() - started)
+            self.last_rule = (cap, time.perf_counter() - started)
+            self.draft_length.observe_step(len(rows), *self.last_rule)
         for slot in sorted(done, reverse=True):
             self._finish(slot)
         return emitted

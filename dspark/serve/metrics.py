@@ -11,8 +11,11 @@ and ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="k"}``. Also
 (429s), ``dspark:request_errors_total``, and with ``--prompt-lookup``
 ``dspark:spec_decode_lookup_steps_total`` (verification steps the lookup drafted). With
 ``--batch``: ``dspark:batch_steps_total``, ``dspark:batch_sequence_steps_total``,
-``dspark:batch_draft_tokens_total`` and vLLM's ``vllm:prefix_cache_queries_total`` /
-``vllm:prefix_cache_hits_total`` (prompt tokens prefilled / copied from the prefix cache).
+``dspark:batch_draft_tokens_total``, the load-aware rule's choices
+``dspark:batch_rule_steps_total{draft_length="k"}`` and what those steps took
+``dspark:batch_rule_step_seconds_total{draft_length="k"}`` (mean step = seconds / steps), and
+vLLM's ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (prompt tokens
+prefilled / copied from the prefix cache).
 """
 
 from __future__ import annotations
@@ -35,9 +38,15 @@ _HELP = {
     "dspark:batch_steps": "Batched target forwards (--batch).",
     "dspark:batch_sequence_steps": "Sequences advanced, summed over batched forwards (batch size = this / steps).",
     "dspark:batch_draft_tokens": "Draft tokens verified in batched forwards (per sequence-step: / sequence steps).",
+    "dspark:batch_rule_steps": "Batched steps by the draft length the load-aware rule picked (0: a plain step).",
+    "dspark:batch_rule_step_seconds": "Seconds those steps took, drafting included (mean: / dspark:batch_rule_steps).",
     "vllm:prefix_cache_queries": "Prompt tokens prefilled with --batch (the prefix cache's queries).",
     "vllm:prefix_cache_hits": "Prompt tokens copied from the prefix cache (the chat template's system turn).",
 }
+
+
+# Counters that exist per label value only: no unlabelled zero before the first one.
+LABELLED = {"vllm:spec_decode_num_accepted_tokens_per_pos", "dspark:batch_rule_steps", "dspark:batch_rule_step_seconds"}
 
 
 class Metrics:
@@ -91,7 +100,7 @@ class Metrics:
                 lines.append(f"# HELP {name}_total {_HELP.get(name, name)}")
                 lines.append(f"# TYPE {name}_total counter")
                 rows = [(labels, v) for (n, labels), v in self.counters.items() if n == name]
-                if not rows and name != "vllm:spec_decode_num_accepted_tokens_per_pos":
+                if not rows and name not in LABELLED:
                     rows = [((), 0.0)]
                 for labels, value in sorted(rows):
                     lines.append(f"{name}_total{self._labels(labels)} {value}")

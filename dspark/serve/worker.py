@@ -285,6 +285,11 @@ class BatchWorker(Worker):
         stops = self.target.stop_token_ids()
         engine = self.batch
         while True:
+            if not engine.active:
+                # Idle: the worker may now block on the queue, so say so first (a graceful
+                # shutdown waits while `busy` is set; /metrics counts no request running).
+                self.metrics.set("vllm:num_requests_running", 0)
+                self.busy.clear()
             while engine.free_slots:
                 try:
                     job = self.queue.get(block=not self._running)
@@ -329,6 +334,10 @@ class BatchWorker(Worker):
             self.metrics.inc("dspark:batch_steps", 1)
             self.metrics.inc("dspark:batch_sequence_steps", size)
             self.metrics.inc("dspark:batch_draft_tokens", drafts)
+            if engine.last_rule is not None:  # the load-aware rule's choice and what its step took
+                k, seconds = engine.last_rule
+                self.metrics.inc("dspark:batch_rule_steps", 1, draft_length=str(k))
+                self.metrics.inc("dspark:batch_rule_step_seconds", seconds, draft_length=str(k))
             for seq, new in stepped:
                 self._deliver(seq, new, stops)
 
