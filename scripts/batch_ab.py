@@ -114,7 +114,7 @@ def main() -> None:
                 t = time.perf_counter()
                 engine.step()
                 if rule is not None and len(rule.chosen) > asked:  # the rule picked this step's length
-                    key = (min(cost.batches, key=lambda n, b=b: max(n, b) / min(n, b)), rule.chosen[-1])
+                    key = (cost.nearest_batch(b), rule.chosen[-1])
                     cell = trace[m].setdefault(key, [0, 0.0, 0.0, 0.0])
                     cell[0] += 1
                     cell[1] += time.perf_counter() - t

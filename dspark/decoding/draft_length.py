@@ -121,6 +121,10 @@ class BatchStepCost:
     seconds: tuple[tuple[float, ...], ...]  # [batch index][width index]
     draft_seconds: float = 0.0
 
+    def nearest_batch(self, b: int) -> int:
+        """The measured batch size nearest ``b`` (by ratio)."""
+        return min(self.batches, key=lambda m: max(m, b) / min(m, b))
+
     def step_seconds(self, b: int, w: int) -> float:
         """Interpolated linearly in the batch size, at the nearest measured width at or above ``w``."""
         wi = next((i for i, x in enumerate(self.widths) if x >= w), len(self.widths) - 1)
@@ -234,8 +238,7 @@ class LoadAwareDraftLength:
         return self._solo
 
     def _timing_key(self, b: int, k: int) -> tuple[int, int]:
-        """The table's batch size nearest ``b`` (by ratio) and ``k`` drafts."""
-        return min(self.cost.batches, key=lambda m: max(m, b) / min(m, b)), k
+        return self.cost.nearest_batch(b), k
 
     def step_seconds(self, b: int, k: int) -> float:
         """What a step of ``b`` sequences at draft length ``k`` costs: the start-up table's

@@ -318,8 +318,7 @@ class BatchWorker(Worker):
                 self._deliver(seq, first, stops)
             self.metrics.set("vllm:num_requests_running", len(engine.active))
             if not engine.active:
-                self.busy.clear()
-                continue
+                continue  # idle: the top of the loop says so
             try:
                 stepped = engine.step()
             except Exception as exc:  # noqa: BLE001 - the batch is lost; its requests fail, the worker stays
