@@ -14,6 +14,10 @@ each run's per-slot acceptance given the slot before it was accepted (slot 1: th
 draft), where drafters that draft a block in one pass (DFlash) and those that condition each
 draft on the one before (DSpark's Markov head, EAGLE-3) differ. `--render JSON` writes the
 tables, plot and JSON again from a scored JSON without scoring anything.
+
+`--drafter LABEL:ROWS=DIR` (repeatable) scores a saved drafter too, e.g. a shipped one in
+models/ or an earlier one from git history (`git archive COMMIT models | tar -x -C DIR`):
+ROWS is the train rows it saw, its steps come from DIR/TRAINING.json when it has one.
 """
 
 from __future__ import annotations
@@ -51,6 +55,23 @@ def runs() -> list[dict]:
                 label = method + (FP32 if m.group(2) else "")
                 found.append({"method": label, "rows": int(m.group(1)), "steps": int(m.group(1)), "path": d / "final"})
     return sorted(found, key=lambda r: (r["method"], r["rows"]))
+
+
+def extra_drafter(spec: str) -> dict:
+    """``LABEL:ROWS=DIR`` as a row of runs(): a saved drafter scored beside the runs."""
+    head, sep, path = spec.partition("=")
+    label, _, rows = head.rpartition(":")
+    if not sep or not label or not rows.isdigit() or int(rows) < 1:
+        raise SystemExit(
+            f"--drafter {spec!r}: expected LABEL:ROWS=DIR, e.g. 'dspark (shipped):35355=models/smollm2-135m-dspark'"
+        )
+    d = Path(path)
+    if not (d / "config.json").is_file():
+        raise SystemExit(f"--drafter {spec!r}: {d} holds no drafter (no config.json)")
+    summary = d / "TRAINING.json"
+    steps = json.loads(summary.read_text()).get("steps") if summary.is_file() else None
+    # Its data may be another corpus's (an earlier drafter's): no token count from this export.
+    return {"method": label, "rows": int(rows), "steps": steps, "path": d, "saved": True}
 
 
 def fit(points: list[tuple[int, float]]) -> dict | None:
@@ -102,7 +123,7 @@ def score(found: list[dict]) -> tuple[list[dict], dict]:
             {
                 "method": r["method"],
                 "train_rows": r["rows"],
-                "assistant_tokens": sum(sum(x["loss_mask"]) for x in train[: r["rows"]]),
+                "assistant_tokens": None if r.get("saved") else sum(sum(x["loss_mask"]) for x in train[: r["rows"]]),
                 "steps": r["steps"],
                 "heldout_accept_len": rep["sim_accept_len"],
                 "per_position_acceptance": rep["per_position_acceptance"],
@@ -128,13 +149,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="docs/results/scaling-smollm2-cpu")
     p.add_argument(
+        "--drafter",
+        action="append",
+        default=[],
+        metavar="LABEL:ROWS=DIR",
+        help="also score this saved drafter (repeatable); ROWS: the train rows it saw",
+    )
+    p.add_argument(
         "--render", metavar="JSON", help="write OUT's table, plot and JSON from this scored JSON, scoring nothing"
     )
     a = p.parse_args()
     os.chdir(Path(__file__).resolve().parent.parent)
     from dspark.bench.provenance import write_json
 
-    found = runs()
+    found = runs() + [extra_drafter(spec) for spec in a.drafter]
     if a.render:
         scored = json.loads(Path(a.render).read_text())
         rows, meta = relabel(scored["rows"], found), scored["provenance"]
@@ -171,7 +199,8 @@ def main() -> None:
     ]
     for x in sorted(rows, key=lambda x: (labels.index(x["method"]), x["train_rows"])):
         cells = ["" if c is None else f"{c:.3f}" for c in conditional(x["per_position_acceptance"])]
-        lines.append(f"| {x['method']} | {x['train_rows']:,} | {x['steps']:,} | " + " | ".join(cells) + " |")
+        steps = "" if x["steps"] is None else f"{x['steps']:,}"
+        lines.append(f"| {x['method']} | {x['train_rows']:,} | {steps} | " + " | ".join(cells) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib
 
@@ -183,12 +212,12 @@ def main() -> None:
         pts = [(x["train_rows"], x["heldout_accept_len"]) for x in rows if x["method"] == m]
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", label=m)
-    for m in labels:  # runs of several epochs: single points beside their method's curve
+    for m in labels:  # runs of several epochs, saved drafters: single points beside the curves
         pts = [(x["train_rows"], x["heldout_accept_len"]) for x in rows if x["method"] == m]
-        if m not in METHODS and "epochs" in m:
+        if m not in METHODS and FP32 not in m:
             ax.plot(*zip(*pts, strict=True), marker="*", markersize=12, linestyle="none", label=m)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("train rows (lines: one epoch each; stars: several epochs)")
+    ax.set_xlabel("train rows (lines: one epoch each; stars: several epochs or saved drafters)")
     ax.set_ylabel("held-out teacher-forced accept_len (n=7)")
     ax.grid(alpha=0.3)
     ax.legend()
