@@ -126,9 +126,13 @@ def main(method: str) -> None:
 def source_text(recipe: dict) -> str:
     """Where the run's target features came from, as its recipe.json says."""
     aux = "aux layers " + ",".join(str(i) for i in recipe["drafter"]["aux_layers"])
+    short = {"bfloat16": "bf16", "float32": "fp32"}
     if recipe["source"] == "offline":
-        return f"offline (the feature cache of dspark cache-features, {aux})"
-    dtype = "bf16" if recipe.get("target_dtype") == "bfloat16" else "fp32"
+        manifest = Path(recipe.get("cache") or CACHE / "features-bf16") / "manifest.json"
+        dtype = json.loads(manifest.read_text()).get("target_dtype", "float32") if manifest.is_file() else None
+        target = f", the target in {short.get(dtype, dtype)}" if dtype else ""
+        return f"offline (the feature cache of dspark cache-features{target}, {aux})"
+    dtype = short.get(recipe.get("target_dtype", "float32"), recipe.get("target_dtype"))
     return f"{recipe['source']} (features computed as training reads them, no cache; the target in {dtype}, {aux})"
 
 

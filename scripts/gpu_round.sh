@@ -71,7 +71,7 @@ POOL=${POOL:-.cache/corpus/pool2.jsonl}
 rc=0
 timeout -s TERM -k 60 "${GEN_SECONDS:-240}" "${DSPARK[@]}" corpus grow --corpus "$W/new-corpus" --prompts "$POOL" \
   --work "$W/work.jsonl" --exclude "$CORPUS" --target "$TARGET" --device "$DEVICE" --slots "${SLOTS:-256}" \
-  --dtype bfloat16 --max-new-tokens "${MAX_NEW_TOKENS:-256}" --shard-rows 1000 \
+  --dtype auto --max-new-tokens "${MAX_NEW_TOKENS:-256}" --shard-rows 1000 \
   ${GEN_LIMIT:+--limit "$GEN_LIMIT"} || rc=$?
 case $rc in 0|124|143) ;; *) echo "corpus grow failed (exit $rc)" >&2; exit "$rc" ;; esac
 gen_done=$(date +%s)

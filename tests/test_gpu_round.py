@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from dspark.cli import app
 from dspark.corpus import Corpus, is_heldout, prompt_key
+from dspark.devices import dtype_name
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -75,7 +76,8 @@ def test_gpu_round_at_toy_size_on_cpu(tiny_target_dirs, tmp_path):
     # The stored rows were never answered again: the round's corpus holds only new prompts.
     new = Corpus(tmp_path / "round" / "new-corpus")
     assert not {r.prompt_key for r in new.iter_rows()} & set(before)
-    assert {r.engine for r in new.iter_rows()} == {"dspark-slots/bfloat16"}
+    # --dtype auto: bf16 where this CPU computes it natively, else fp32 (as the rows record)
+    assert {r.engine for r in new.iter_rows()} == {f"dspark-slots/{dtype_name('auto')}"}
     # The peers trained on all 9 rows' train split; the corpus itself is untouched by `run`.
     assert Corpus(corpus).rows == 5
 

@@ -314,6 +314,51 @@ def test_recipe_target_dtype_picks_the_features_dtype(tiny_target_dirs, data, tm
         load_recipe(cfg, ["source=offline", f"cache={tmp_path}", "target_dtype=bfloat16"])
 
 
+def test_recipe_auto_dtypes_follow_what_the_machine_computes_natively(tiny_target_dirs, data, tmp_path, monkeypatch):
+    """target_dtype: auto and train.autocast_bf16: auto pick bf16 only where the device computes
+    it natively; an explicit bf16 where it is emulated (8-10x slower on an AVX2 CPU) warns."""
+    import warnings
+
+    import dspark.devices
+    from dspark.devices import EmulatedBFloat16Warning
+
+    cfg = write_recipe(tmp_path / "r.yaml", tiny_target_dirs["qwen3"], data, tmp_path / "r")
+    for native, dtype in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(dspark.devices, "native_bfloat16", lambda device, native=native: native)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # auto never warns
+            r = load_recipe(cfg, ["source=online", "target_dtype=auto", "train.autocast_bf16=auto"])
+        assert (r.target_dtype, r.train.autocast_bf16) == (dtype, native)
+        # offline and vllm sources run no target here: auto is float32, the cache records its own
+        assert load_recipe(cfg, ["source=offline", f"cache={tmp_path}", "target_dtype=auto"]).target_dtype == "float32"
+        explicit = ["source=online", "target_dtype=bfloat16", "train.autocast_bf16=true"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            r = load_recipe(cfg, explicit)
+        assert (r.target_dtype, r.train.autocast_bf16) == ("bfloat16", True)  # as asked, either way
+        said = [str(w.message) for w in caught if w.category is EmulatedBFloat16Warning]
+        if native:
+            assert said == []
+        else:
+            assert [m.split(":")[0] for m in said] == ["target_dtype", "train.autocast_bf16"]
+            assert "'auto' picks float32 here" in said[0]
+    with pytest.raises(ConfigError, match="autocast_bf16 must be true, false or auto, got 'yes please'"):
+        load_recipe(cfg, ["train.autocast_bf16=yes please"])
+
+
+def test_shipped_recipes_autocast_where_bf16_is_native(monkeypatch):
+    """The shipped recipes ask for bf16 autocast as auto: on where native (as they were trained),
+    off on a CPU that emulates bf16."""
+    from pathlib import Path
+
+    import dspark.devices
+
+    recipe = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-135m-dspark.yaml"
+    for native in (True, False):
+        monkeypatch.setattr(dspark.devices, "native_bfloat16", lambda device, native=native: native)
+        assert load_recipe(recipe).train.autocast_bf16 is native
+
+
 # ---- several recipes on one pass of the target (`dspark train --config A --config B`): they learn
 # exactly what each learns alone, resume on their own, and refuse recipes that cannot share features.
 

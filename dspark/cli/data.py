@@ -124,7 +124,11 @@ def cache_features_cmd(
     seq_len: Annotated[int, typer.Option(min=2, help="Truncate examples to this many tokens.")] = 2048,
     shard_size: Annotated[int, typer.Option(min=1, help="Examples per shard.")] = 64,
     target_dtype: Annotated[
-        DType, typer.Option(help="Dtype the target runs in (bfloat16: ~1.8x faster on CPUs with AVX512-BF16).")
+        DType,
+        typer.Option(
+            help="Dtype the target runs in (bfloat16: ~1.8x faster on CPUs with AVX512-BF16, 8-10x slower on "
+            "CPUs without; auto: bfloat16 where native)."
+        ),
     ] = DType.float32,
     workers: Annotated[int, typer.Option(min=1, help="Processes computing shards (one torch thread each).")] = 1,
     vllm: Annotated[
@@ -144,7 +148,7 @@ def cache_features_cmd(
 
     try:
         target_dir = resolve_target(target)
-        tgt = TargetModel.from_pretrained(target_dir, dtype=torch_dtype(target_dtype))
+        tgt = TargetModel.from_pretrained(target_dir, dtype=torch_dtype(target_dtype, flag="--target-dtype"))
         ids = parse_ids(aux_layers, "--aux-layers")
         tgt.check_layer_ids(ids)
         examples = load_examples(data, max_len=seq_len)

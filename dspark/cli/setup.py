@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dspark.cli.app import DType, app, fail, parse_ids, torch_dtype
+from dspark.cli.app import DType, app, fail, parse_ids
 from dspark.errors import DSparkError
 
 
@@ -89,7 +89,9 @@ def init_cmd(
         uses_mask = getattr(config, "mask_token_id", None) is not None and "mask_token_id" in family.init_options
         mask_reason = default_mask_token(tgt)[1] if mask_token_id is None and uses_mask else ""
         model = init_drafter(tgt, config, seed=seed)
-        save_drafter(model, out, dtype=torch_dtype(dtype))
+        import torch
+
+        save_drafter(model, out, dtype=getattr(torch, dtype.value))  # the stored dtype: nothing computes in it
     except DSparkError as exc:
         fail(str(exc))
     n_params = sum(p.numel() for p in model.parameters())

@@ -85,7 +85,9 @@ def magpie_cmd(
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest user turn.")] = 128,
     slots: Annotated[int, typer.Option(min=1, help="Sequences sampled together.")] = 64,
     seed: Annotated[int, typer.Option(help="Row i samples with seed + i.")] = 0,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "bfloat16",
+    dtype: Annotated[
+        str, typer.Option(help="auto (bfloat16 where the CPU computes it natively), float32 or bfloat16.")
+    ] = "auto",
     start: Annotated[
         list[str] | None,
         typer.Option(
@@ -100,13 +102,16 @@ def magpie_cmd(
 
     from dspark.corpus.prompts import magpie_prompts
     from dspark.defaults import resolve_target
+    from dspark.devices import dtype_name
     from dspark.target import TargetModel
     from dspark.training.datagen import make_engine
 
     try:
         if out.exists() and not force:
             raise DSparkError(f"{out} exists; pass --force to replace it (nothing was written)")
-        tgt = TargetModel.from_pretrained(resolve_target(target), dtype=getattr(torch, dtype))
+        if dtype not in ("auto", "float32", "bfloat16"):
+            raise DSparkError(f"--dtype {dtype!r}: choose auto, float32 or bfloat16")
+        tgt = TargetModel.from_pretrained(resolve_target(target), dtype=getattr(torch, dtype_name(dtype)))
         engine = make_engine(
             "auto", tgt, slots=slots, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
         )
@@ -159,7 +164,13 @@ def grow_cmd(
     batch_size: Annotated[int, typer.Option(min=1, help="Prompts per static batch (generate engine).")] = 32,
     max_prompt_len: Annotated[int, typer.Option(min=1, help="Longer prompts are left out.")] = 1024,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Response length cap.")] = 256,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (recorded as the rows' engine).")] = "bfloat16",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="auto (bfloat16 where the device computes it natively, else float32), float32 or bfloat16; "
+            "recorded as the rows' engine."
+        ),
+    ] = "auto",
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (per worker; default: torch's).")] = None,
     workers: Annotated[
         int, typer.Option(min=1, help="Worker processes, each with its own engine (2 x --threads 1 on 2 cores).")
@@ -183,15 +194,15 @@ def grow_cmd(
     from dspark.corpus import Corpus
     from dspark.corpus.grow import grow, read_pool, tokenizer_checksum
     from dspark.defaults import public_target_name, resolve_target
-    from dspark.devices import device_name
+    from dspark.devices import device_name, dtype_name
     from dspark.target import TargetModel
     from dspark.training.datagen import make_engine
 
     if threads:
         torch.set_num_threads(threads)
     try:
-        if dtype not in ("float32", "bfloat16"):
-            raise DSparkError(f"--dtype {dtype!r}: choose float32 or bfloat16")
+        if dtype not in ("auto", "float32", "bfloat16"):
+            raise DSparkError(f"--dtype {dtype!r}: choose auto, float32 or bfloat16")
         target_dir = resolve_target(target)
         pool = read_pool(prompts)
         store = Corpus.open_or_create(
@@ -206,6 +217,7 @@ def grow_cmd(
         dev = device_name(device)
         if dev != "cpu" and (server or workers > 1):
             raise DSparkError(f"--device {device} runs the engine in this process: drop --server / --workers")
+        dtype = dtype_name(dtype, dev)
         command = " ".join(["dspark", *sys.argv[1:]])
         commit = provenance()["commit"]
 

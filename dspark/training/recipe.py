@@ -7,7 +7,8 @@ data: /path/to/train.jsonl   # rows {"input_ids", "loss_mask"} from `dspark data
 out: runs/my-drafter
 device: cpu                  # cpu | cuda | cuda:N | auto: where the drafter (and an in-process target) runs
 source: online               # online (target in a worker process) | inprocess | offline (+ cache: DIR)
-target_dtype: float32        # or bfloat16 (~1.7x faster features on CPUs with AVX512-BF16): online, inprocess, ray
+target_dtype: float32        # bfloat16 (~1.7x faster features on CPUs with AVX512-BF16, 8-10x slower on those without)
+                             # or auto (bfloat16 where the device computes it natively): online, inprocess, ray
 target_threads: 1            # torch threads of each of the online source's target processes (the trainer has its own)
 target_workers: 1            # the online source's target processes (each computes every N-th row)
                              # | vllm (+ vllm: {url: URL}: a `dspark vllm-hidden-states` server) | ray
@@ -52,7 +53,7 @@ TOP_KEYS = {
     "train",
     "seed",
 }
-TARGET_DTYPES = ("float32", "bfloat16")
+TARGET_DTYPES = ("auto", "float32", "bfloat16")
 RAY_KEYS = {"address", "num_workers", "num_cpus_per_worker", "in_flight"}
 VLLM_KEYS = {"url", "concurrency"}
 DRAFTER_KEYS = {"path", "method", "vocab"}  # and the init options of the families (`drafter_keys`)
@@ -140,7 +141,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     target_dtype = raw.get("target_dtype", "float32")
     if target_dtype not in TARGET_DTYPES:
         raise ConfigError(f"{src}: target_dtype must be one of {TARGET_DTYPES}, got {target_dtype!r}")
-    if target_dtype != "float32" and source in ("offline", "vllm"):
+    if target_dtype not in ("float32", "auto") and source in ("offline", "vllm"):
         raise ConfigError(
             f"{src}: target_dtype applies to the sources that run the target here (online, inprocess, ray); "
             f"source: {source} computes its features elsewhere (a cache records its own dtype)"
@@ -158,6 +159,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     device = str(raw.get("device", "cpu"))
     if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
         raise ConfigError(f"{src}: device must be cpu, cuda, cuda:N or auto, got {device!r}")
+    target_dtype = _target_dtype(target_dtype, source, device)
     drafter = raw.get("drafter") or {}
     allowed = drafter_keys()
     bad = sorted(set(drafter) - allowed)
@@ -172,6 +174,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     train_raw.update(user_train)
     if "seed" in raw:
         train_raw["seed"] = raw["seed"]
+    train_raw["autocast_bf16"] = _autocast(train_raw.get("autocast_bf16", False), device, src)
     try:
         train = TrainConfig(**train_raw)
     except (TypeError, ValueError) as exc:
@@ -208,6 +211,43 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         drafter=drafter,
         train=train,
     )
+
+
+def _drafter_device(device: str) -> str:
+    """The recipe's device as it will run (``auto``: cuda where there is one); a device the
+    machine lacks is left for the run to name."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _target_dtype(name: str, source: str, device: str) -> str:
+    """``target_dtype`` resolved where the target runs: the online and ray sources' workers on
+    the CPU, the in-process one on the recipe's device; the offline and vllm sources run no
+    target here (their features carry their own dtype), so ``auto`` is float32 there."""
+    from dspark.devices import dtype_name
+
+    if source in ("offline", "vllm"):
+        return "float32"
+    where = _drafter_device(device) if source == "inprocess" else "cpu"
+    return dtype_name(name, where, what="target_dtype")
+
+
+def _autocast(value, device: str, src: Path) -> bool:
+    """``train.autocast_bf16``: true, false or auto (on where the drafter's device computes bf16
+    natively); true on a device that emulates bf16 warns."""
+    from dspark.devices import native_bfloat16, warn_if_emulated_bfloat16
+
+    where = _drafter_device(device)
+    if value == "auto":
+        return native_bfloat16(where)
+    if type(value) is not bool:
+        raise ConfigError(f"{src}: train.autocast_bf16 must be true, false or auto, got {value!r}")
+    if value:
+        warn_if_emulated_bfloat16("train.autocast_bf16", where)
+    return value
 
 
 def build_model(recipe: Recipe, target):

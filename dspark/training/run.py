@@ -111,6 +111,7 @@ def run_training(
                     "target": str(recipe.target),
                     "data": str(recipe.data),
                     "source": recipe.source,
+                    "cache": str(recipe.cache) if recipe.cache else None,
                     "target_dtype": recipe.target_dtype,
                     "target_threads": recipe.target_threads,
                     "target_workers": recipe.target_workers,
