@@ -48,7 +48,7 @@ def warn_if_emulated_bfloat16(what: str, device: str = "cpu") -> None:
         kind = "GPU" if device.startswith("cuda") else "CPU (no AVX512-BF16 or AMX)"
         warnings.warn(
             f"{what}: bfloat16 is emulated on this {kind}, several times slower than float32 "
-            "(8-10x measured on an AVX2 CPU); 'auto' picks float32 here",
+            "(8-14x measured on an AVX2 CPU); 'auto' picks float32 here",
             EmulatedBFloat16Warning,
             stacklevel=2,
         )

@@ -8,7 +8,7 @@
 #   2. dspark vocab: the 8192 most frequent assistant tokens of the train split
 #   3. dspark cache-features: the target's features once for every drafter (two worker
 #      processes; the target in bf16 where the CPU computes it natively, AVX512-BF16 or AMX,
-#      else in fp32: emulated bf16 is 8-10x slower); FEATURES=stream skips the cache (no disk)
+#      else in fp32: emulated bf16 is 8-14x slower); FEATURES=stream skips the cache (no disk)
 #      and trains the drafters together on one stream of the target's features instead
 #      (`dspark train --config A --config B ...`, the target in its own processes)
 #   4. dspark train: recipes/smollm2-135m-{dspark,dflash,eagle3}.yaml side by side, one

@@ -316,7 +316,7 @@ def test_recipe_target_dtype_picks_the_features_dtype(tiny_target_dirs, data, tm
 
 def test_recipe_auto_dtypes_follow_what_the_machine_computes_natively(tiny_target_dirs, data, tmp_path, monkeypatch):
     """target_dtype: auto and train.autocast_bf16: auto pick bf16 only where the device computes
-    it natively; an explicit bf16 where it is emulated (8-10x slower on an AVX2 CPU) warns."""
+    it natively; an explicit bf16 where it is emulated (8-14x slower on an AVX2 CPU) warns."""
     import warnings
 
     import dspark.devices

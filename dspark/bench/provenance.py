@@ -14,12 +14,26 @@ def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux /proc/cpuinfo; platform's processor string elsewhere): results
+    from CPUs of one core count can differ several times over (bf16 native or emulated)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def provenance(seed: int | None = None, **extra) -> dict:
     """What produced a result: commit and cleanliness of the tree, versions, machine, seed.
     Take it *before* the work it describes (a commit made during a long run must not be
     credited with it); `finished` adds the end time when the result is written."""
     import torch
     import transformers
+
+    from dspark.devices import native_bfloat16
 
     repo = Path(__file__).resolve().parents[2]
     try:
@@ -50,7 +64,8 @@ def provenance(seed: int | None = None, **extra) -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "machine": platform.machine(),
-        "processor": platform.processor() or None,
+        "processor": cpu_model(),
+        "cpu_bfloat16_native": native_bfloat16("cpu"),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

@@ -126,7 +126,7 @@ def cache_features_cmd(
     target_dtype: Annotated[
         DType,
         typer.Option(
-            help="Dtype the target runs in (bfloat16: ~1.8x faster on CPUs with AVX512-BF16, 8-10x slower on "
+            help="Dtype the target runs in (bfloat16: ~1.8x faster on CPUs with AVX512-BF16, 8-14x slower on "
             "CPUs without; auto: bfloat16 where native)."
         ),
     ] = DType.float32,

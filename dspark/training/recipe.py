@@ -7,7 +7,7 @@ data: /path/to/train.jsonl   # rows {"input_ids", "loss_mask"} from `dspark data
 out: runs/my-drafter
 device: cpu                  # cpu | cuda | cuda:N | auto: where the drafter (and an in-process target) runs
 source: online               # online (target in a worker process) | inprocess | offline (+ cache: DIR)
-target_dtype: float32        # bfloat16 (~1.7x faster features on CPUs with AVX512-BF16, 8-10x slower on those without)
+target_dtype: float32        # bfloat16 (~1.7x faster features on CPUs with AVX512-BF16, 8-14x slower on those without)
                              # or auto (bfloat16 where the device computes it natively): online, inprocess, ray
 target_threads: 1            # torch threads of each of the online source's target processes (the trainer has its own)
 target_workers: 1            # the online source's target processes (each computes every N-th row)
