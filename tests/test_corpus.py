@@ -429,6 +429,16 @@ def test_corpus_bench_compares_engines_on_the_same_prompts(tiny_target_dirs, tmp
     assert bad.exit_code == 2 and "KIND/DTYPE/N" in bad.output
 
 
+def test_an_auto_engine_runs_and_is_labelled_in_the_dtype_this_cpu_computes_natively(monkeypatch):
+    import dspark.devices
+    from dspark.bench.datagen import parse_engines
+
+    for native, dtype in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(dspark.devices, "native_bfloat16", lambda device, native=native: native)
+        (spec,) = parse_engines("slots/auto/64x2")
+        assert (spec.dtype, spec.label) == (dtype, f"slots/{dtype}/64x2")
+
+
 def test_a_crash_after_a_shard_keeps_the_later_answers_in_the_work_file(tiny_targets, tmp_path):
     """Answers given after a shard was packed are on disk: a crash loses none of them."""
     target = tiny_targets["llama"]

@@ -3,8 +3,9 @@ tokens per second, and how far each engine's greedy answers agree with the first
 
 An engine is ``KIND/DTYPE/N``: ``generate/float32/32`` is `dspark datagen` as it was (Hugging
 Face ``generate``, static batches of 32, fp32); ``slots/bfloat16/64`` is continuous batching
-over 64 slots in bf16; ``server/N`` is an OpenAI-compatible server (vLLM, `dspark serve`) at
-N requests in flight, in its own dtype. Every engine answers the same prompts with the same
+over 64 slots in bf16 (``slots/auto/64``: in bf16 where the CPU computes it natively, else
+fp32); ``server/N`` is an OpenAI-compatible server (vLLM, `dspark serve`) at N requests in
+flight, in its own dtype. Every engine answers the same prompts with the same
 ``max_new_tokens``.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dspark.devices import dtype_name
 from dspark.errors import DSparkError
 
 
@@ -41,8 +43,10 @@ def parse_engines(text: str) -> list[EngineSpec]:
                 raise DSparkError(f"--engines {item!r}: expected server/N (N requests in flight)")
             specs.append(EngineSpec("server", "server", int(parts[1])))
             continue
-        if len(parts) != 3 or parts[0] not in ("generate", "slots") or parts[1] not in ("float32", "bfloat16"):
-            raise DSparkError(f"--engines {item!r}: expected KIND/DTYPE/N, KIND generate|slots, DTYPE float32|bfloat16")
+        if len(parts) != 3 or parts[0] not in ("generate", "slots") or parts[1] not in ("auto", "float32", "bfloat16"):
+            raise DSparkError(
+                f"--engines {item!r}: expected KIND/DTYPE/N, KIND generate|slots, DTYPE auto|float32|bfloat16"
+            )
         size_text, _, workers_text = parts[2].partition("x")
         try:
             size, workers = int(size_text), int(workers_text or 1)
@@ -50,7 +54,7 @@ def parse_engines(text: str) -> list[EngineSpec]:
             raise DSparkError(f"--engines {item!r}: N (or NxW) must be integers") from None
         if size < 1 or workers < 1:
             raise DSparkError(f"--engines {item!r}: N and W must be >= 1")
-        specs.append(EngineSpec(parts[0], parts[1], size, workers))
+        specs.append(EngineSpec(parts[0], dtype_name(parts[1]), size, workers))  # auto: what it runs in here
     if not specs:
         raise DSparkError("--engines: name at least one engine")
     return specs

@@ -368,10 +368,10 @@ def bench_cmd(
     engines: Annotated[
         str,
         typer.Option(
-            help="Comma list of KIND/DTYPE/N[xW]: generate or slots, float32 or bfloat16, batch or slots, W workers; "
-            "or server/N: --server at N requests in flight."
+            help="Comma list of KIND/DTYPE/N[xW]: generate or slots, float32, bfloat16 or auto (bf16 where the "
+            "CPU computes it natively), batch or slots, W workers; or server/N: --server at N requests in flight."
         ),
-    ] = "generate/float32/32,slots/bfloat16/64",
+    ] = "generate/float32/32,slots/auto/64",
     server: Annotated[str | None, typer.Option(help="OpenAI-compatible server for server/N engines.")] = None,
     dataset: Annotated[str, typer.Option(help="Training prompt set (not a benchmark).")] = "gsm8k_train",
     rows: Annotated[int, typer.Option(min=1, help="Prompts.")] = 64,

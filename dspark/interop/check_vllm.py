@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
             from dspark.bench.datagen import parse_engines, run_datagen_bench
             from dspark.datasets import training_prompts
 
-            specs = parse_engines(f"generate/float32/32,slots/bfloat16/64,server/{args.datagen}")
+            specs = parse_engines(f"generate/float32/32,slots/auto/64,server/{args.datagen}")
             rows = run_datagen_bench(
                 target_dir,
                 training_prompts("gsm8k_train", args.datagen),
