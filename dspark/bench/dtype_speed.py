@@ -16,7 +16,6 @@ emulates bf16 the bf16 rows show what ``auto`` saves; on one with native bf16, w
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import time
@@ -104,15 +103,10 @@ def run(target_dir: Path, data: Path, out: Path, *, rows: int, steps: int) -> di
 
 
 def main(argv: list[str] | None = None) -> None:
+    from dspark.bench.train_speed import parser
     from dspark.defaults import resolve_target
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, required=True, help="rows {input_ids, loss_mask} (dspark corpus export)")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--target", type=Path, default=None, help="target directory (default: the embedded one)")
-    p.add_argument("--rows", type=int, default=32)
-    p.add_argument("--steps", type=int, default=30)
-    a = p.parse_args(argv)
+    a = parser(__doc__, rows=32, steps=30).parse_args(argv)
     r = run(resolve_target(a.target), a.data, a.out, rows=a.rows, steps=a.steps)
     f, t = r["features_2_workers"], r["training_dspark_1_thread"]
     print(f"native bf16: {r['native_bfloat16']}; auto picks {r['auto_picks']}")

@@ -179,16 +179,22 @@ def _agreement(work: Path, fp32_target, examples, vocab) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    from dspark.defaults import resolve_target
-
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str, *, rows: int, steps: int) -> argparse.ArgumentParser:
+    """The options of a training-throughput bench: the rows it reads, its output, the target,
+    how many rows and steps."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True, help="rows {input_ids, loss_mask} (dspark corpus export)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--target", type=Path, default=None, help="target directory (default: the embedded one)")
-    p.add_argument("--rows", type=int, default=96)
-    p.add_argument("--steps", type=int, default=48)
-    a = p.parse_args(argv)
+    p.add_argument("--rows", type=int, default=rows)
+    p.add_argument("--steps", type=int, default=steps)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    from dspark.defaults import resolve_target
+
+    a = parser(__doc__, rows=96, steps=48).parse_args(argv)
     report = run(resolve_target(a.target), a.data, a.out, rows=a.rows, steps=a.steps)
     f = report["features"]
     print(
