@@ -652,6 +652,7 @@ def test_continuous_batching_serves_each_request_as_alone(server, chat_target, d
         proc.wait(timeout=60)
 
 
+@pytest.mark.filterwarnings("ignore::dspark.devices.EmulatedBFloat16Warning")  # bf16 on purpose, on any CPU
 def test_a_bfloat16_server_serves_what_bfloat16_generate_gives(chat_target, draft):
     """`dspark serve --dtype bfloat16` loads target and drafter in bf16 (/health says so) and
     answers with the text `dspark generate --dtype bfloat16` gives. Its other options are the

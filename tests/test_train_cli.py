@@ -280,6 +280,7 @@ def test_recipe_vllm_source_needs_a_url(tmp_path):
     assert r.source == "vllm" and r.vllm == {"url": "http://127.0.0.1:8000", "concurrency": 2}
 
 
+@pytest.mark.filterwarnings("ignore::dspark.devices.EmulatedBFloat16Warning")  # bf16 on purpose, on any CPU
 def test_recipe_target_dtype_picks_the_features_dtype(tiny_target_dirs, data, tmp_path):
     """target_dtype: the sources that run the target compute in it; the drafter's own copy of
     the target's weights stays fp32; sources that compute elsewhere refuse it."""
