@@ -225,8 +225,10 @@ def _drafter_device(device: str) -> str:
 
 def _target_dtype(name: str, source: str, device: str) -> str:
     """``target_dtype`` resolved where the target runs: the online and ray sources' workers on
-    the CPU, the in-process one on the recipe's device; the offline and vllm sources run no
-    target here (their features carry their own dtype), so ``auto`` is float32 there."""
+    the CPU (for ray, this machine's CPU stands for the workers', which may be elsewhere: give
+    an explicit dtype when they differ), the in-process one on the recipe's device; the offline
+    and vllm sources run no target here (their features carry their own dtype), so ``auto`` is
+    float32 there."""
     from dspark.devices import dtype_name
 
     if source in ("offline", "vllm"):
