@@ -58,6 +58,9 @@ def test_train_from_yaml_then_inspect(tiny_target_dirs, data, tmp_path):
     result = runner.invoke(app, ["train", "--config", str(cfg), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout.strip().splitlines()[-1])["step"] == 6
+    # what the run computes in, said before it starts (stderr)
+    said = f"{tmp_path / 'run'}: the target computes features in float32 (inprocess); training steps in float32 on cpu"
+    assert said in result.stderr
     result = runner.invoke(app, ["inspect", str(tmp_path / "run" / "final"), "--json"])
     assert result.exit_code == 0, result.output
     info = json.loads(result.stdout)

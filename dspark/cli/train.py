@@ -44,6 +44,8 @@ def train_cmd(
 
     try:
         recipes = [load_recipe(path, set_ or ()) for path in config]
+        for recipe in recipes:  # what `auto` resolved to on this machine, before hours of it
+            typer.echo(f"{recipe.out}: {precision(recipe)}", err=True)
         if len(recipes) == 1:
             results = [run_training(recipes[0], progress=not no_progress)]
         else:
@@ -54,6 +56,16 @@ def train_cmd(
         fail(str(exc))
     for last in results:
         typer.echo(json.dumps({k: last[k] for k in ("step", "loss", "sim_accept_len") if k in last}))
+
+
+def precision(recipe) -> str:
+    """Where a run's features come from and what its steps compute in, as resolved here."""
+    if recipe.source in ("offline", "vllm"):
+        features = f"features from {recipe.source} (their own dtype)"
+    else:
+        features = f"the target computes features in {recipe.target_dtype} ({recipe.source})"
+    step = "bf16 autocast" if recipe.train.autocast_bf16 else "float32"
+    return f"{features}; training steps in {step} on {recipe.device}"
 
 
 @app.command("snapshot")
