@@ -60,8 +60,10 @@ def train_cmd(
 
 def precision(recipe) -> str:
     """Where a run's features come from and what its steps compute in, as resolved here."""
-    if recipe.source in ("offline", "vllm"):
-        features = f"features from {recipe.source} (their own dtype)"
+    if recipe.source == "offline":
+        features = f"features from the cache {recipe.cache} (in the dtype it was built in)"
+    elif recipe.source == "vllm":
+        features = "features from vLLM (in its dtype)"
     else:
         features = f"the target computes features in {recipe.target_dtype} ({recipe.source})"
     step = "bf16 autocast" if recipe.train.autocast_bf16 else "float32"
