@@ -55,20 +55,20 @@ def warn_if_emulated_bfloat16(what: str, device: str = "cpu") -> None:
 
 
 def dtype_name(name: str, device: str = "cpu", *, what: str = "--dtype") -> str:
-    """A dtype name with ``auto`` resolved for ``device`` (see `compute_dtype`): float32, bfloat16
-    or float16; an explicit bfloat16 on a device that emulates it warns, naming ``what``."""
-    if name == "bfloat16":
-        warn_if_emulated_bfloat16(what, device)
-    return str(compute_dtype(name, device)).removeprefix("torch.")
+    """`compute_dtype` as a name: float32, bfloat16 or float16."""
+    return str(compute_dtype(name, device, what=what)).removeprefix("torch.")
 
 
-def compute_dtype(name: str, device: str = "cpu"):
+def compute_dtype(name: str, device: str = "cpu", *, what: str | None = None):
     """A dtype name as users give it to what torch takes. ``auto`` is vLLM's choice for a float32
-    checkpoint: bfloat16 where ``device`` computes it natively, else float32."""
+    checkpoint: bfloat16 where ``device`` computes it natively, else float32. ``what``: the
+    setting the name came from; an explicit bfloat16 where ``device`` emulates it then warns."""
     import torch
 
     if name == "auto":
         return torch.bfloat16 if native_bfloat16(device) else torch.float32
+    if name == "bfloat16" and what:
+        warn_if_emulated_bfloat16(what, device)
     try:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
     except KeyError:

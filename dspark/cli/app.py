@@ -32,11 +32,9 @@ def torch_dtype(name: DType, device: str = "cpu", *, flag: str = "--dtype"):
     """``auto``: bfloat16 where ``device`` computes it natively (AVX512-BF16/AMX CPUs, bf16 GPUs),
     else float32 -- what vLLM serves a float32 checkpoint in (docs/serving.md). An explicit
     bfloat16 where ``device`` emulates it warns, naming ``flag``."""
-    from dspark.devices import compute_dtype, warn_if_emulated_bfloat16
+    from dspark.devices import compute_dtype
 
-    if name is DType.bfloat16:
-        warn_if_emulated_bfloat16(flag, device)
-    return compute_dtype(name.value, device)
+    return compute_dtype(name.value, device, what=flag)
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -64,6 +64,8 @@ def init_cmd(
 ) -> None:
     """Write an untrained drafter matched to a target (sizes, vocab and mask token read from it)."""
     try:
+        import torch
+
         from dspark import families
         from dspark.formats.checkpoint import init_drafter, save_drafter
         from dspark.model.pairing import default_mask_token
@@ -89,8 +91,6 @@ def init_cmd(
         uses_mask = getattr(config, "mask_token_id", None) is not None and "mask_token_id" in family.init_options
         mask_reason = default_mask_token(tgt)[1] if mask_token_id is None and uses_mask else ""
         model = init_drafter(tgt, config, seed=seed)
-        import torch
-
         save_drafter(model, out, dtype=getattr(torch, dtype.value))  # the stored dtype: nothing computes in it
     except DSparkError as exc:
         fail(str(exc))

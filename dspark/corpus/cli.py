@@ -102,16 +102,13 @@ def magpie_cmd(
 
     from dspark.corpus.prompts import magpie_prompts
     from dspark.defaults import resolve_target
-    from dspark.devices import dtype_name
     from dspark.target import TargetModel
     from dspark.training.datagen import make_engine
 
     try:
         if out.exists() and not force:
             raise DSparkError(f"{out} exists; pass --force to replace it (nothing was written)")
-        if dtype not in ("auto", "float32", "bfloat16"):
-            raise DSparkError(f"--dtype {dtype!r}: choose auto, float32 or bfloat16")
-        tgt = TargetModel.from_pretrained(resolve_target(target), dtype=getattr(torch, dtype_name(dtype)))
+        tgt = TargetModel.from_pretrained(resolve_target(target), dtype=getattr(torch, _engine_dtype(dtype, "cpu")))
         engine = make_engine(
             "auto", tgt, slots=slots, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
         )
@@ -120,6 +117,15 @@ def magpie_cmd(
     except DSparkError as exc:
         _fail(str(exc))
     typer.echo(f"wrote {len(prompts)} prompts (of {count} sampled) to {out}")
+
+
+def _engine_dtype(dtype: str, device: str) -> str:
+    """``--dtype`` of an engine that answers prompts: auto (resolved for ``device``), float32 or bfloat16."""
+    from dspark.devices import dtype_name
+
+    if dtype not in ("auto", "float32", "bfloat16"):
+        raise DSparkError(f"--dtype {dtype!r}: choose auto, float32 or bfloat16")
+    return dtype_name(dtype, device)
 
 
 @app.command("followups")
@@ -194,15 +200,17 @@ def grow_cmd(
     from dspark.corpus import Corpus
     from dspark.corpus.grow import grow, read_pool, tokenizer_checksum
     from dspark.defaults import public_target_name, resolve_target
-    from dspark.devices import device_name, dtype_name
+    from dspark.devices import device_name
     from dspark.target import TargetModel
     from dspark.training.datagen import make_engine
 
     if threads:
         torch.set_num_threads(threads)
-    try:
-        if dtype not in ("auto", "float32", "bfloat16"):
-            raise DSparkError(f"--dtype {dtype!r}: choose auto, float32 or bfloat16")
+    try:  # the options first: a mistyped one creates no corpus
+        dev = device_name(device)
+        if dev != "cpu" and (server or workers > 1):
+            raise DSparkError(f"--device {device} runs the engine in this process: drop --server / --workers")
+        dtype = _engine_dtype(dtype, dev)
         target_dir = resolve_target(target)
         pool = read_pool(prompts)
         store = Corpus.open_or_create(
@@ -214,10 +222,6 @@ def grow_cmd(
             if part.manifest["tokenizer_sha256"] != store.manifest["tokenizer_sha256"]:
                 raise DSparkError(f"--exclude {other}: made with another tokenizer than {corpus}")
             taken |= part.keys()
-        dev = device_name(device)
-        if dev != "cpu" and (server or workers > 1):
-            raise DSparkError(f"--device {device} runs the engine in this process: drop --server / --workers")
-        dtype = dtype_name(dtype, dev)
         command = " ".join(["dspark", *sys.argv[1:]])
         commit = provenance()["commit"]
 

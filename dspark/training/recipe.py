@@ -216,11 +216,9 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 def _drafter_device(device: str) -> str:
     """The recipe's device as it will run (``auto``: cuda where there is one); a device the
     machine lacks is left for the run to name."""
-    if device == "auto":
-        import torch
+    from dspark.devices import device_name
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    return device_name(device) if device == "auto" else device
 
 
 def _target_dtype(name: str, source: str, device: str) -> str:
